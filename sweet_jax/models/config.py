@@ -1,0 +1,240 @@
+"""`LlamaConfig`: the one frozen description of a Llama model and how to run it.
+
+Architecture fields mirror HF `config.json`; the execution fields at the end (dtypes, remat policy, attention
+implementation) are ours and never come from a checkpoint. The dataclass is frozen and hashable, so it can be a static
+argument to `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "qkv_proj")
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A config.json (or a preset override) that sweet_jax cannot run faithfully."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 ('llama3') frequency-dependent RoPE scaling."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # None -> hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 131072
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 128000
+    eos_token_id: int | tuple[int, ...] | None = 128001
+    # --- execution settings (not part of the checkpoint) ---
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    remat_policy: str = "none"
+    attention_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(
+                    f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; set head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        for name, allowed in (
+            ("param_dtype", DTYPES),
+            ("compute_dtype", DTYPES),
+            ("remat_policy", REMAT_POLICIES),
+            ("attention_impl", ATTENTION_IMPLS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {allowed}")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes: Any) -> "LlamaConfig":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        d, f, v, l = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
+        attn = d * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        per_layer = attn + 3 * d * f + 2 * d
+        return v * d * (1 if self.tie_word_embeddings else 2) + l * per_layer + d
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "LlamaConfig":
+        try:
+            base = PRESETS[name]
+        except KeyError:
+            raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}") from None
+        return dataclasses.replace(base, **overrides)
+
+    # ------------------------------------------------------------------ HF I/O
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> "LlamaConfig":
+        """Read an HF `config.json` (a file, or the directory holding one). Unsupported settings raise ConfigError."""
+        path = os.fspath(path)
+        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        try:
+            with open(file) as fh:
+                hf = json.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: no config.json found") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{file}:{e.lineno}: invalid JSON: {e.msg}") from None
+        return cls.from_hf_dict(hf, source=file, **overrides)
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict, source: str = "<config>", **overrides: Any) -> "LlamaConfig":
+        def fail(field: str, msg: str):
+            raise ConfigError(f"{source}: field '{field}': {msg}")
+
+        if hf.get("model_type", "llama") != "llama":
+            fail("model_type", f"{hf.get('model_type')!r} is not supported (only 'llama')")
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if field not in hf:
+                fail(field, "missing")
+        if hf.get("hidden_act", "silu") != "silu":
+            fail("hidden_act", f"{hf['hidden_act']!r} is not supported (only 'silu')")
+        for flag in ("attention_bias", "mlp_bias"):
+            if hf.get(flag):
+                fail(flag, "biases are not supported by the Llama-3 architecture implemented here")
+
+        # transformers >= 5 nests RoPE settings under `rope_parameters`; published Llama-3 configs use
+        # `rope_theta` + `rope_scaling`. Accept both.
+        rope = dict(hf.get("rope_parameters") or {})
+        rope_field = "rope_parameters" if rope else "rope_scaling"
+        if not rope:
+            rope = dict(hf.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            try:
+                scaling = RopeScaling(
+                    factor=float(rope["factor"]),
+                    low_freq_factor=float(rope["low_freq_factor"]),
+                    high_freq_factor=float(rope["high_freq_factor"]),
+                    original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+                )
+            except KeyError as e:
+                fail(f"{rope_field}.{e.args[0]}", "missing (required for rope_type 'llama3')")
+            if scaling.high_freq_factor == scaling.low_freq_factor:
+                fail(f"{rope_field}.high_freq_factor", "must differ from low_freq_factor")
+        elif rope_type != "default":
+            fail(f"{rope_field}.rope_type", f"{rope_type!r} is not supported (supported: 'default', 'llama3')")
+        if rope.get("attention_factor") not in (None, 1.0):
+            fail(f"{rope_field}.attention_factor", "only 1.0 is supported")
+
+        heads = int(hf["num_attention_heads"])
+        kw = dict(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=hf.get("head_dim"),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+        )
+        kw.update(overrides)
+        try:
+            return cls(**kw)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    def to_hf_dict(self) -> dict:
+        hf: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "torch_dtype": self.param_dtype,
+        }
+        if self.rope_scaling is not None:
+            hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        return hf
+
+
+_LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+_LLAMA32_ROPE = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+_LLAMA3_COMMON = dict(
+    vocab_size=128256,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    bos_token_id=128000,
+    eos_token_id=(128001, 128008, 128009),
+)
+
+# Published dimensions (meta-llama/* config.json).
+PRESETS: dict[str, LlamaConfig] = {
+    "llama3.1-8b": LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+        rope_scaling=_LLAMA31_ROPE, **_LLAMA3_COMMON),
+    "llama3.1-70b": LlamaConfig(
+        hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64, num_kv_heads=8,
+        rope_scaling=_LLAMA31_ROPE, **_LLAMA3_COMMON),
+    "llama3.1-405b": LlamaConfig(
+        hidden_size=16384, intermediate_size=53248, num_layers=126, num_heads=128, num_kv_heads=8,
+        rope_scaling=_LLAMA31_ROPE, **_LLAMA3_COMMON),
+    "llama3.2-1b": LlamaConfig(
+        hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+        rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True, **_LLAMA3_COMMON),
+    "llama3.2-3b": LlamaConfig(
+        hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24, num_kv_heads=8, head_dim=128,
+        rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True, **_LLAMA3_COMMON),
+    # A tiny random model for smoke runs and the default offline job; vocab matches the Llama-3 tokenizer.
+    "tiny": LlamaConfig(
+        vocab_size=128256, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
+        rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE, max_position_embeddings=131072,
+        bos_token_id=128000, eos_token_id=(128001, 128008, 128009)),
+}

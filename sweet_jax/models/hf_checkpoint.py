@@ -1,0 +1,347 @@
+"""Load and save HF Llama checkpoints (`config.json` + `*.safetensors`, sharded or not).
+
+Loading memory-maps each safetensors file and reads one tensor at a time. With `shardings`, every array is built by
+`jax.make_array_from_callback`, so each device reads only its own slice of the mmap: a 70B checkpoint never passes
+through host memory whole. Saving writes HF names and layouts (HF's half-split RoPE, no q/k permutation) so vLLM and
+transformers can load the result. All writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import struct
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.llama import Params, param_shapes
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+
+_ST_DTYPES = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, or does not match the config. The message names file and tensor."""
+
+
+# --------------------------------------------------------------------------------------------- safetensors format
+class SafetensorsFile:
+    """Minimal, validating, mmap-backed safetensors reader (supports bf16, which safetensors' numpy API does not)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                head = fh.read(8)
+                if len(head) < 8:
+                    raise CheckpointError(f"{path}: corrupt safetensors file: shorter than its 8-byte header length")
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8:
+                    raise CheckpointError(f"{path}: corrupt safetensors file: header length {n} exceeds file size {size}")
+                raw = fh.read(n)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: file not found") from None
+        try:
+            header = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: corrupt safetensors file: header is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: corrupt safetensors file: header is not a JSON object")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + n
+        data_len = size - self._data_start
+        self._entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            try:
+                dtype = _ST_DTYPES[info["dtype"]]
+                shape = tuple(int(s) for s in info["shape"])
+                begin, end = (int(o) for o in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise CheckpointError(f"{path}: tensor '{name}': malformed header entry {info!r}") from None
+            expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if end - begin != expected or begin < 0 or end > data_len:
+                raise CheckpointError(
+                    f"{path}: tensor '{name}': corrupt data offsets [{begin}, {end}) for shape {shape} "
+                    f"{info['dtype']} in a data section of {data_len} bytes (truncated file?)")
+            self._entries[name] = (dtype, shape, begin, end)
+        self._mmap = None
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entries[name][1]
+
+    def get(self, name: str) -> np.ndarray:
+        """A read-only memory-mapped view of one tensor (no copy)."""
+        if self._mmap is None:
+            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
+        dtype, shape, begin, end = self._entries[name]
+        start = self._data_start + begin
+        return self._mmap[start:start + (end - begin)].view(dtype).reshape(shape)
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray | "LazyTensor"],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write tensors atomically. Values are numpy arrays or `LazyTensor`s, materialised one at a time while writing."""
+    specs = [t if isinstance(t, LazyTensor) else LazyTensor(tuple(t.shape), np.dtype(t.dtype), lambda t=t: t)
+             for t in tensors.values()]
+    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset = 0
+    for name, spec in zip(tensors, specs):
+        if spec.dtype not in _ST_NAMES:
+            raise CheckpointError(f"{path}: tensor '{name}': dtype {spec.dtype} cannot be stored in safetensors")
+        header[name] = {"dtype": _ST_NAMES[spec.dtype], "shape": list(spec.shape),
+                        "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for name, spec in zip(tensors, specs):
+            arr = np.ascontiguousarray(spec.make())
+            if arr.shape != spec.shape or arr.dtype != spec.dtype:
+                raise CheckpointError(f"{path}: tensor '{name}': produced {arr.shape} {arr.dtype}, "
+                                      f"declared {spec.shape} {spec.dtype}")
+            fh.write(arr.tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class LazyTensor:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------- name mapping
+# Each rule: our leaf path -> (HF name template, transform to ours, transform back to HF).
+# Transforms are numpy views where possible so that slicing an mmap reads only the needed bytes.
+
+def _hf_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callable]]:
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p = "model.layers.{i}."
+    rules = {
+        "embed": ("model.embed_tokens.weight", lambda w: w, lambda w: w),
+        "final_norm": ("model.norm.weight", lambda w: w, lambda w: w),
+        "layers/attn_norm": (p + "input_layernorm.weight", lambda w: w, lambda w: w),
+        "layers/mlp_norm": (p + "post_attention_layernorm.weight", lambda w: w, lambda w: w),
+        # HF Linear weights are [out, in].
+        "layers/wq": (p + "self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h), lambda w: w.reshape(d, n * h).T),
+        "layers/wk": (p + "self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        "layers/wv": (p + "self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        "layers/wo": (p + "self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d), lambda w: w.reshape(n * h, d).T),
+        "layers/w_gate": (p + "mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
+        "layers/w_up": (p + "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
+        "layers/w_down": (p + "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
+    }
+    if not cfg.tie_word_embeddings:
+        rules["lm_head"] = ("lm_head.weight", lambda w: w.T, lambda w: w.T)
+    return rules
+
+
+def _hf_shape(our_shape: tuple[int, ...], to_hf: Callable) -> tuple[int, ...]:
+    return to_hf(np.empty(our_shape, dtype=np.int8)).shape
+
+
+def _flat(tree: Params) -> dict[str, object]:
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, tuple))[0]:
+        out["/".join(str(getattr(k, "key", k)) for k in path)] = leaf
+    return out
+
+
+def _unflat(flat: dict[str, object]) -> Params:
+    tree: dict = {}
+    for path, leaf in flat.items():
+        node = tree
+        *parents, last = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return tree
+
+
+# --------------------------------------------------------------------------------------------- loading
+class _TensorIndex:
+    """Which file holds which HF tensor, with lazily opened readers."""
+
+    def __init__(self, hf_dir: str):
+        self.hf_dir = hf_dir
+        self._files: dict[str, SafetensorsFile] = {}
+        index = os.path.join(hf_dir, INDEX_FILE)
+        if os.path.exists(index):
+            try:
+                with open(index) as fh:
+                    weight_map = json.load(fh)["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: corrupt index file ({e!r})") from None
+            self.where = {name: os.path.join(hf_dir, f) for name, f in weight_map.items()}
+            self.described = index
+        else:
+            files = sorted(f for f in os.listdir(hf_dir) if f.endswith(".safetensors"))
+            if not files:
+                raise CheckpointError(f"{hf_dir}: no *.safetensors files and no {INDEX_FILE}")
+            self.where = {}
+            for f in files:
+                for name in self._open(os.path.join(hf_dir, f)).keys():
+                    self.where[name] = os.path.join(hf_dir, f)
+            self.described = ", ".join(os.path.join(hf_dir, f) for f in files)
+
+    def _open(self, path: str) -> SafetensorsFile:
+        if path not in self._files:
+            self._files[path] = SafetensorsFile(path)
+        return self._files[path]
+
+    def get(self, name: str) -> tuple[np.ndarray, str]:
+        path = self.where.get(name)
+        if path is None:
+            raise CheckpointError(f"{self.described}: tensor '{name}' is missing")
+        if not os.path.exists(path):
+            raise CheckpointError(f"{path}: file not found (listed in {self.described} as holding tensor '{name}')")
+        f = self._open(path)
+        if name not in f.keys():
+            raise CheckpointError(f"{path}: tensor '{name}' is missing (the index says it is in this file)")
+        return f.get(name), path
+
+
+def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dtype=None,
+                   shardings: Params | None = None) -> Params:
+    """Load an HF Llama checkpoint directory into our param pytree.
+
+    dtype: target dtype (default float32). shardings: optional pytree of `jax.sharding.Sharding` matching the params;
+    each array is then assembled directly on its devices from per-device mmap slices.
+    """
+    hf_dir = os.fspath(hf_dir)
+    if cfg is None:
+        cfg = LlamaConfig.from_pretrained(hf_dir)
+    dtype = np.dtype(jnp.dtype(dtype or jnp.float32))
+    index = _TensorIndex(hf_dir)
+    shapes = _flat(param_shapes(cfg))
+    shard_flat = _flat(shardings) if shardings is not None else {}
+    out = {}
+    for leaf, (template, to_ours, to_hf) in _hf_layout(cfg).items():
+        shape = shapes[leaf]
+        stacked = leaf.startswith("layers/")
+        hf_shape = _hf_shape(shape[1:] if stacked else shape, to_hf)
+        names = [template.format(i=i) for i in range(cfg.num_layers)] if stacked else [template]
+        views = []
+        for name in names:
+            arr, path = index.get(name)
+            if arr.shape != hf_shape:
+                raise CheckpointError(
+                    f"{path}: tensor '{name}': shape {tuple(arr.shape)} does not match the config "
+                    f"(expected {hf_shape} from {cfg.hidden_size=}, {cfg.num_heads=}, {cfg.num_kv_heads=}, "
+                    f"{cfg.head_dim=}, {cfg.intermediate_size=}, {cfg.vocab_size=})")
+            views.append(to_ours(arr))
+
+        def read(idx, views=views, stacked=stacked):
+            if stacked:
+                layer_idx, rest = idx[0], idx[1:]
+                block = np.stack([v[rest] for v in views[layer_idx]])
+            else:
+                block = views[0][idx]
+            return np.ascontiguousarray(block, dtype=dtype)
+
+        full = tuple(slice(None) for _ in shape)
+        sharding = shard_flat.get(leaf)
+        if sharding is None:
+            out[leaf] = jnp.asarray(read(full))
+        else:
+            out[leaf] = jax.make_array_from_callback(shape, sharding, lambda idx, read=read: read(idx))
+    if cfg.tie_word_embeddings and "lm_head.weight" in index.where:
+        log.info("%s: ignoring lm_head.weight because tie_word_embeddings is set", hf_dir)
+    return _unflat(out)
+
+
+# --------------------------------------------------------------------------------------------- saving
+def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor]:
+    """HF name -> LazyTensor, in HF's usual order. Nothing is copied off the devices until a tensor is written."""
+    flat = _flat(params)
+    out: dict[str, LazyTensor] = {}
+    for leaf, (template, _, to_hf) in _hf_layout(cfg).items():
+        if leaf not in flat:
+            raise CheckpointError(f"params have no '{leaf}' (expected by the config)")
+        arr = flat[leaf]
+        target = np.dtype(jnp.dtype(dtype or arr.dtype))
+        if leaf.startswith("layers/"):
+            hf_shape = _hf_shape(tuple(arr.shape[1:]), to_hf)
+            for i in range(cfg.num_layers):
+                out[template.format(i=i)] = LazyTensor(
+                    hf_shape, target, lambda a=arr, i=i, t=target: to_hf(np.asarray(jax.device_get(a[i])).astype(t)))
+        else:
+            hf_shape = _hf_shape(tuple(arr.shape), to_hf)
+            out[template] = LazyTensor(hf_shape, target,
+                                       lambda a=arr, t=target: to_hf(np.asarray(jax.device_get(a)).astype(t)))
+    return out
+
+
+def save_hf_params(params: Params, cfg: LlamaConfig, out_dir: str | os.PathLike, dtype=None,
+                   max_shard_bytes: int = 5 * 2**30) -> None:
+    """Write `config.json` + safetensors (sharded with an index above `max_shard_bytes`) readable by HF and vLLM.
+
+    dtype: stored dtype (default: the params' own dtype; bfloat16 is the usual choice for serving).
+    Tensors are streamed to disk one at a time.
+    """
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = _hf_tensors(params, cfg, dtype)
+    groups: list[dict[str, LazyTensor]] = [{}]
+    current = 0
+    for name, t in tensors.items():
+        if groups[-1] and current + t.nbytes > max_shard_bytes:
+            groups.append({})
+            current = 0
+        groups[-1][name] = t
+        current += t.nbytes
+    n = len(groups)
+    weight_map = {}
+    for i, group in enumerate(groups):
+        fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        write_safetensors(os.path.join(out_dir, fname), group)
+        weight_map.update(dict.fromkeys(group, fname))
+    if n > 1:
+        total = sum(t.nbytes for t in tensors.values())
+        _atomic_write_text(os.path.join(out_dir, INDEX_FILE),
+                           json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = str(jnp.dtype(next(iter(tensors.values())).dtype))
+    _atomic_write_text(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=2))

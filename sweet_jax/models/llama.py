@@ -1,0 +1,195 @@
+"""Pure-functional Llama-3 / 3.1 / 3.2 over a parameter pytree.
+
+Parameter layout (leading `L` = stacked layers, applied with `lax.scan`):
+
+    embed       [V, D]              ("vocab", "embed")
+    layers/
+      attn_norm [L, D]              ("layers", "norm")
+      wq        [L, D, N, H]        ("layers", "embed", "q_heads", "head_dim")
+      wk, wv    [L, D, K, H]        ("layers", "embed", "kv_heads", "head_dim")
+      wo        [L, N, H, D]        ("layers", "q_heads", "head_dim", "embed")
+      mlp_norm  [L, D]              ("layers", "norm")
+      w_gate    [L, D, F]           ("layers", "embed", "mlp")
+      w_up      [L, D, F]           ("layers", "embed", "mlp")
+      w_down    [L, F, D]           ("layers", "mlp", "embed")
+    final_norm  [D]                 ("norm",)
+    lm_head     [D, V]              ("embed", "vocab")   -- absent when tie_word_embeddings
+
+Heads keep HF's half-split RoPE layout, so HF q/k weights load without permutation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from sweet_jax.models.attention import attention
+from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.rope import apply_rope, rope_tables
+from sweet_jax.sharding import constrain
+
+Params = dict
+
+
+def param_logical_axes(cfg: LlamaConfig) -> Params:
+    """Pytree (matching `init_params`) of logical axis names for every weight."""
+    axes = {
+        "embed": ("vocab", "embed"),
+        "layers": {
+            "attn_norm": ("layers", "norm"),
+            "wq": ("layers", "embed", "q_heads", "head_dim"),
+            "wk": ("layers", "embed", "kv_heads", "head_dim"),
+            "wv": ("layers", "embed", "kv_heads", "head_dim"),
+            "wo": ("layers", "q_heads", "head_dim", "embed"),
+            "mlp_norm": ("layers", "norm"),
+            "w_gate": ("layers", "embed", "mlp"),
+            "w_up": ("layers", "embed", "mlp"),
+            "w_down": ("layers", "mlp", "embed"),
+        },
+        "final_norm": ("norm",),
+    }
+    if not cfg.tie_word_embeddings:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
+
+
+def param_shapes(cfg: LlamaConfig) -> Params:
+    """Pytree of shapes (tuples), matching `param_logical_axes`."""
+    d, f, v, l = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    shapes = {
+        "embed": (v, d),
+        "layers": {
+            "attn_norm": (l, d),
+            "wq": (l, d, n, h),
+            "wk": (l, d, k, h),
+            "wv": (l, d, k, h),
+            "wo": (l, n, h, d),
+            "mlp_norm": (l, d),
+            "w_gate": (l, d, f),
+            "w_up": (l, d, f),
+            "w_down": (l, f, d),
+        },
+        "final_norm": (d,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (d, v)
+    return shapes
+
+
+def abstract_params(cfg: LlamaConfig, shardings=None) -> Params:
+    """Pytree of `jax.ShapeDtypeStruct` (optionally with shardings), for AOT compilation and Orbax restores."""
+    shapes = param_shapes(cfg)
+    dtype = jnp.dtype(cfg.param_dtype)
+    if shardings is None:
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), shapes, is_leaf=_is_shape)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, dtype, sharding=sh), shapes, shardings,
+                        is_leaf=_is_shape)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+
+
+def init_params(cfg: LlamaConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random params: normal(0, std) matrices, unit norms, in `cfg.param_dtype`."""
+    shapes = param_shapes(cfg)
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0]]
+    keys = jax.random.split(key, len(leaves))
+    dtype = jnp.dtype(cfg.param_dtype)
+    out = []
+    for path, shape, k in zip(paths, leaves, keys):
+        if "norm" in path:
+            out.append(jnp.ones(shape, dtype))
+        else:
+            out.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """HF LlamaRMSNorm: normalise in f32, cast back to the input dtype, then scale."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * xf.astype(x.dtype)
+
+
+_REMAT = {
+    "full": None,  # jax.checkpoint's default: save nothing but the layer inputs
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "qkv_proj": jax.checkpoint_policies.save_only_these_names("q_proj", "k_proj", "v_proj"),
+}
+
+
+def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids):
+    dt = jnp.dtype(cfg.compute_dtype)
+    w = jax.tree.map(lambda p: p.astype(dt), layer)
+    h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
+    q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w["wq"]), "q_proj")
+    k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w["wk"]), "k_proj")
+    v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w["wv"]), "v_proj")
+    q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
+    k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
+    v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
+    a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
+    x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
+    x = constrain(x, ("batch", "seq", "act_embed"))
+    h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
+    g = jnp.einsum("btd,df->btf", h, w["w_gate"])
+    u = jnp.einsum("btd,df->btf", h, w["w_up"])
+    m = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
+    x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
+    return constrain(x, ("batch", "seq", "act_embed"))
+
+
+def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids):
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be int [B, T], got shape {tokens.shape}")
+    b, t = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if segment_ids is None:
+        segment_ids = jnp.ones((b, t), jnp.int32)
+    for name, arr in (("positions", positions), ("segment_ids", segment_ids)):
+        if arr.shape != (b, t):
+            raise ValueError(f"{name} must have the tokens' shape {(b, t)}, got {arr.shape}")
+    return positions, segment_ids
+
+
+def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
+    """Final (post-norm) hidden states [B, T, D] in `cfg.compute_dtype`.
+
+    positions: int [B, T] RoPE positions (default 0..T-1). For a left-padded batch pass the per-row positions.
+    segment_ids: int [B, T]; tokens attend only within their segment (pads = 0, packed docs = 1, 2, ...).
+    """
+    positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids)
+    dt = jnp.dtype(cfg.compute_dtype)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    x = constrain(x, ("batch", "seq", "act_embed"))
+    cos, sin = rope_tables(cfg, positions)
+
+    layer_fn = functools.partial(_decoder_layer, cfg)
+    if cfg.remat_policy != "none":
+        layer_fn = jax.checkpoint(layer_fn, policy=_REMAT[cfg.remat_policy], prevent_cse=False)
+
+    def body(carry, layer):
+        return layer_fn(carry, layer, cos, sin, segment_ids), None
+
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
+
+
+def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:
+    """The [D, V] output projection (the transposed embedding when tied)."""
+    return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def forward(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
+    """Full logits [B, T, V] in float32. For training and scoring use `forward_hidden` + chunked log-probs instead."""
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
+    w = lm_head_weight(params, cfg).astype(hidden.dtype)
+    return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
