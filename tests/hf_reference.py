@@ -8,7 +8,7 @@ import transformers
 
 
 def make_hf_llama(out_dir, *, vocab=257, hidden=64, inter=112, layers=2, heads=4, kv_heads=2, head_dim=None,
-                  rope_theta=10000.0, rope_scaling=None, tie=False, max_pos=512, eps=1e-5, init_std=0.3, seed=0,
+                  rope_theta=10000.0, rope_scaling=None, tie=False, max_pos=512, eps=1e-5, init_std=1.5, seed=0,
                   dtype=torch.float32):
     """Save a random `LlamaForCausalLM` (weights wider than HF's 0.02 default, so mistakes show) and return it."""
     torch.manual_seed(seed)
@@ -28,7 +28,7 @@ def make_hf_llama(out_dir, *, vocab=257, hidden=64, inter=112, layers=2, heads=4
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))  # non-unit norms so a dropped norm weight shows
             else:
-                p.normal_(0.0, init_std / np.sqrt(p.shape[-1]) * 8)
+                p.normal_(0.0, init_std / np.sqrt(p.shape[-1]))
     model = model.to(dtype)
     model.save_pretrained(out_dir)
     return model
@@ -42,4 +42,4 @@ def hf_logits(model, tokens: np.ndarray, attention_mask=None, position_ids=None)
         if position_ids is not None:
             kw["position_ids"] = torch.as_tensor(position_ids)
         out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), **kw)
-    return out.logits.float().numpy()
+    return out.logits.numpy() if out.logits.dtype == torch.float64 else out.logits.float().numpy()
