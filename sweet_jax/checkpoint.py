@@ -34,6 +34,7 @@ def restore_params(path: str | os.PathLike, target=None, *, shardings=None):
         if target is None:
             meta = ckptr.metadata(path)
             meta = getattr(meta, "item_metadata", meta)
+            meta = getattr(meta, "tree", meta)  # the plain pytree of ArrayMetadata
             if shardings is None:
                 device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
                 shardings = jax.tree.map(lambda _: device, meta)

@@ -79,6 +79,10 @@ class LlamaConfig:
         return self.num_heads // self.num_kv_heads
 
     def replace(self, **changes: Any) -> "LlamaConfig":
+        """dataclasses.replace, except that a head_dim derived from hidden_size // num_heads is derived again."""
+        derived = self.head_dim * self.num_heads == self.hidden_size
+        if derived and "head_dim" not in changes and ({"hidden_size", "num_heads"} & changes.keys()):
+            changes["head_dim"] = None
         return dataclasses.replace(self, **changes)
 
     def num_params(self) -> int:
@@ -94,7 +98,7 @@ class LlamaConfig:
             base = PRESETS[name]
         except KeyError:
             raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}") from None
-        return dataclasses.replace(base, **overrides)
+        return base.replace(**overrides)
 
     # ------------------------------------------------------------------ HF I/O
     @classmethod

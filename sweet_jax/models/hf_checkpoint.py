@@ -306,11 +306,11 @@ def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor
             hf_shape = _hf_shape(tuple(arr.shape[1:]), to_hf)
             for i in range(cfg.num_layers):
                 out[template.format(i=i)] = LazyTensor(
-                    hf_shape, target, lambda a=arr, i=i, t=target: to_hf(np.asarray(jax.device_get(a[i])).astype(t)))
+                    hf_shape, target, lambda a=arr, i=i, t=target, f=to_hf: f(np.asarray(jax.device_get(a[i])).astype(t)))
         else:
             hf_shape = _hf_shape(tuple(arr.shape), to_hf)
             out[template] = LazyTensor(hf_shape, target,
-                                       lambda a=arr, t=target: to_hf(np.asarray(jax.device_get(a)).astype(t)))
+                                       lambda a=arr, t=target, f=to_hf: f(np.asarray(jax.device_get(a)).astype(t)))
     return out
 
 

@@ -1,0 +1,123 @@
+"""Model behaviour that needs no HF reference: attention dispatch, remat, hidden-state variant, input checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sweet_jax import models
+from sweet_jax.models.attention import attention, attention_mask
+
+CFG = models.LlamaConfig.preset("tiny", vocab_size=211, num_layers=3)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return models.init_params(CFG, jax.random.key(0), std=0.2)
+
+
+def _tokens(b=2, t=16, seed=1):
+    return jax.random.randint(jax.random.key(seed), (b, t), 0, CFG.vocab_size)
+
+
+def test_attention_mask_semantics():
+    seg = jnp.array([[1, 1, 2, 2, 0]])
+    m = np.asarray(attention_mask(seg, seg))[0, 0]
+    expected = np.array([
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 1],
+    ], bool)
+    np.testing.assert_array_equal(m, expected)
+
+
+def test_reference_attention_matches_naive_loop():
+    k1, k2, k3 = jax.random.split(jax.random.key(2), 3)
+    q = jax.random.normal(k1, (1, 5, 4, 8))
+    k = jax.random.normal(k2, (1, 5, 2, 8))
+    v = jax.random.normal(k3, (1, 5, 2, 8))
+    seg = jnp.array([[1, 1, 1, 2, 2]])
+    out = np.asarray(attention(q, k, v, seg, seg, impl="reference"))
+    qn, kn, vn = map(np.asarray, (q, k, v))
+    for t in range(5):
+        for n in range(4):
+            allowed = [s for s in range(t + 1) if seg[0, s] == seg[0, t]]
+            scores = np.array([qn[0, t, n] @ kn[0, s, n // 2] for s in allowed]) / np.sqrt(8)
+            p = np.exp(scores - scores.max())
+            p /= p.sum()
+            np.testing.assert_allclose(out[0, t, n], p @ vn[0, allowed, n // 2], atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla"])
+def test_attention_implementations_agree(params, impl):
+    tokens = _tokens()
+    seg = jnp.array([[1] * 6 + [2] * 10, [0] * 4 + [1] * 12])
+    pos = jnp.array([list(range(6)) + list(range(10)), [0] * 4 + list(range(12))])
+    ref = models.forward(params, CFG.replace(attention_impl="reference"), tokens, pos, seg)
+    out = models.forward(params, CFG.replace(attention_impl=impl), tokens, pos, seg)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+
+
+def test_auto_attention_uses_reference_on_cpu():
+    from sweet_jax.models.attention import resolve_impl
+
+    assert resolve_impl("auto", jnp.bfloat16) == ("cudnn" if jax.default_backend() == "gpu" else "reference")
+    assert resolve_impl("auto", jnp.float32) == "reference"
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch", "qkv_proj"])
+def test_remat_policies_keep_values_and_gradients(params, policy):
+    tokens = _tokens()
+
+    def loss(p, cfg):
+        return jnp.mean(models.forward(p, cfg, tokens) ** 2)
+
+    base_l, base_g = jax.value_and_grad(loss)(params, CFG)
+    l, g = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, CFG.replace(remat_policy=policy))
+    np.testing.assert_allclose(l, base_l, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(base_g)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_forward_is_hidden_times_lm_head(params):
+    tokens = _tokens()
+    hidden = models.forward_hidden(params, CFG, tokens)
+    assert hidden.shape == (2, 16, CFG.hidden_size)
+    logits = models.forward(params, CFG, tokens)
+    np.testing.assert_allclose(logits, hidden @ models.lm_head_weight(params, CFG), atol=1e-5)
+
+
+def test_tied_model_has_no_lm_head():
+    cfg = CFG.replace(tie_word_embeddings=True)
+    p = models.init_params(cfg, jax.random.key(0))
+    assert "lm_head" not in p
+    np.testing.assert_array_equal(models.lm_head_weight(p, cfg), p["embed"].T)
+
+
+def test_causality(params):
+    a = _tokens(1, 12, seed=3)
+    b = a.at[0, 8:].set((a[0, 8:] + 1) % CFG.vocab_size)
+    la, lb = models.forward(params, CFG, a), models.forward(params, CFG, b)
+    np.testing.assert_allclose(la[0, :8], lb[0, :8], atol=1e-6)
+    assert np.abs(np.asarray(la[0, 8:] - lb[0, 8:])).max() > 1e-3
+
+
+def test_bad_input_shapes_are_reported(params):
+    with pytest.raises(ValueError, match="tokens must be int"):
+        models.forward(params, CFG, jnp.zeros((4,), jnp.int32))
+    with pytest.raises(ValueError, match="positions must have"):
+        models.forward(params, CFG, _tokens(), positions=jnp.zeros((2, 3), jnp.int32))
+
+
+def test_params_tree_matches_logical_axes_and_shapes(params):
+    axes = models.param_logical_axes(CFG)
+    is_names = lambda x: isinstance(x, tuple) and all(isinstance(n, str) for n in x)  # noqa: E731
+    flat_axes = jax.tree.leaves(axes, is_leaf=is_names)
+    flat_params = jax.tree.leaves(params)
+    assert jax.tree.structure(axes, is_leaf=is_names).num_leaves == len(flat_params)
+    for names, p in zip(flat_axes, flat_params):
+        assert len(names) == p.ndim
+    abstract = models.abstract_params(CFG)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), abstract) == jax.tree.map(lambda a: (a.shape, a.dtype), params)
