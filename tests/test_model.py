@@ -50,6 +50,32 @@ def test_reference_attention_matches_naive_loop():
             np.testing.assert_allclose(out[0, t, n], p @ vn[0, allowed, n // 2], atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [3, 7])
+def test_xla_attention_matches_reference_square_and_not(t):
+    """Square attention uses the kernel's is_causal; a query suffix (T < S, as in decoding) the explicit mask."""
+    k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
+    q = jax.random.normal(k1, (2, t, 4, 8))
+    k = jax.random.normal(k2, (2, 7, 2, 8))
+    v = jax.random.normal(k3, (2, 7, 2, 8))
+    kv_seg = jnp.array([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+    q_seg = kv_seg[:, 7 - t:]
+    ref = attention(q, k, v, q_seg, kv_seg, impl="reference")
+    np.testing.assert_allclose(attention(q, k, v, q_seg, kv_seg, impl="xla"), ref, atol=1e-5)
+
+
+def test_query_blocked_reference_attention_is_exact():
+    from sweet_jax.models.attention import reference_attention
+
+    k1, k2, k3 = jax.random.split(jax.random.key(6), 3)
+    q = jax.random.normal(k1, (2, 16, 4, 8))
+    k = jax.random.normal(k2, (2, 16, 2, 8))
+    v = jax.random.normal(k3, (2, 16, 2, 8))
+    seg = jnp.array([[1] * 5 + [2] * 11, [0] * 3 + [1] * 13])
+    mask = attention_mask(seg, seg)
+    whole = reference_attention(q, k, v, mask, 8**-0.5, q_block=16)
+    np.testing.assert_allclose(reference_attention(q, k, v, mask, 8**-0.5, q_block=4), whole, atol=1e-6)
+
+
 @pytest.mark.parametrize("impl", ["xla"])
 def test_attention_implementations_agree(params, impl):
     tokens = _tokens()

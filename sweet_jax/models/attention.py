@@ -28,8 +28,22 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
     return mask[:, None]
 
 
-def reference_attention(q, k, v, mask, scale: float):
-    """q [B,T,N,H], k/v [B,S,K,H], mask [B,1,T,S] bool -> [B,T,N,H]. Softmax in f32."""
+def reference_attention(q, k, v, mask, scale: float, q_block: int = 2048):
+    """q [B,T,N,H], k/v [B,S,K,H], mask [B,1,T,S] bool -> [B,T,N,H]. Softmax in f32.
+
+    Queries are processed `q_block` at a time, so the f32 scores take O(q_block * S) memory, not O(T * S).
+    """
+    t = q.shape[1]
+    if t > q_block and t % q_block == 0:
+        nb = t // q_block
+        qb = jnp.moveaxis(q.reshape(q.shape[0], nb, q_block, *q.shape[2:]), 1, 0)
+        mb = jnp.moveaxis(mask.reshape(mask.shape[0], 1, nb, q_block, mask.shape[-1]), 2, 0)
+        out = jax.lax.map(lambda a: _attend(a[0], k, v, a[1], scale), (qb, mb))
+        return jnp.moveaxis(out, 0, 1).reshape(q.shape)
+    return _attend(q, k, v, mask, scale)
+
+
+def _attend(q, k, v, mask, scale: float):
     b, t, n, h = q.shape
     kv = k.shape[2]
     qg = q.reshape(b, t, kv, n // kv, h)
@@ -51,10 +65,15 @@ def resolve_impl(impl: str, dtype) -> str:
 def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True):
     """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype."""
     scale = q.shape[-1] ** -0.5
-    mask = attention_mask(q_segment_ids, kv_segment_ids, causal)
     impl = resolve_impl(impl, q.dtype)
     if impl == "reference":
-        return reference_attention(q, k, v, mask, scale)
+        return reference_attention(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal), scale)
     if impl in ("xla", "cudnn"):
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=impl).astype(q.dtype)
+        # Let the kernel apply causality itself (cuDNN then skips the upper triangle); the segment mask goes in as a
+        # mask (cuDNN folds it into a bias). jax's is_causal aligns queries at the top-left, so it is only used for
+        # square attention; otherwise the full mask carries causality.
+        square = q.shape[1] == k.shape[1]
+        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
+                                            implementation=impl).astype(q.dtype)
     raise ValueError(f"unknown attention implementation {impl!r}")

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from tqdm.auto import tqdm
 
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.llama import Params, param_shapes
@@ -258,7 +259,9 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
     shapes = _flat(param_shapes(cfg))
     shard_flat = _flat(shardings) if shardings is not None else {}
     out = {}
-    for leaf, (template, to_ours, to_hf) in _hf_layout(cfg).items():
+    layout = _hf_layout(cfg)
+    for leaf, (template, to_ours, to_hf) in tqdm(layout.items(), total=len(layout), desc=f"load {hf_dir}",
+                                                 unit="param", disable=None):
         shape = shapes[leaf]
         stacked = leaf.startswith("layers/")
         hf_shape = _hf_shape(shape[1:] if stacked else shape, to_hf)
@@ -334,10 +337,14 @@ def save_hf_params(params: Params, cfg: LlamaConfig, out_dir: str | os.PathLike,
         current += t.nbytes
     n = len(groups)
     weight_map = {}
+    bar = tqdm(total=sum(t.nbytes for t in tensors.values()), desc=f"save {out_dir}", unit="B", unit_scale=True,
+               disable=None)
     for i, group in enumerate(groups):
         fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         write_safetensors(os.path.join(out_dir, fname), group)
         weight_map.update(dict.fromkeys(group, fname))
+        bar.update(sum(t.nbytes for t in group.values()))
+    bar.close()
     if n > 1:
         total = sum(t.nbytes for t in tensors.values())
         _atomic_write_text(os.path.join(out_dir, INDEX_FILE),
