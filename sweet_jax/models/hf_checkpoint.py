@@ -277,12 +277,15 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
             views.append(to_ours(arr))
 
         def read(idx, views=views, stacked=stacked):
-            if stacked:
-                layer_idx, rest = idx[0], idx[1:]
-                block = np.stack([v[rest] for v in views[layer_idx]])
-            else:
-                block = views[0][idx]
-            return np.ascontiguousarray(block, dtype=dtype)
+            """The block `idx` of our (stacked) array, read from the mmaps and cast in a single copy."""
+            if not stacked:
+                return np.ascontiguousarray(views[0][idx], dtype=dtype)
+            layers, rest = views[idx[0]], idx[1:]
+            first = layers[0][rest]
+            block = np.empty((len(layers), *first.shape), dtype)
+            for j, v in enumerate(layers):
+                block[j] = first if j == 0 else v[rest]
+            return block
 
         full = tuple(slice(None) for _ in shape)
         sharding = shard_flat.get(leaf)
