@@ -56,13 +56,13 @@ def worker_jax(args) -> dict:
     import jax.numpy as jnp
 
     from sweet_jax import models
-    from sweet_jax.objectives import next_token_logprobs
+    from sweet_jax.objectives import token_logprobs
 
     cfg = models.LlamaConfig.from_pretrained(args.ckpt)
     params = models.load_hf_params(args.ckpt, cfg)
     tokens = jnp.asarray(np.load(os.path.join(args.ckpt, "tokens.npy")))
-    chunk = {} if args.chunk is None else {"chunk_size": args.chunk}
-    score = jax.jit(lambda p, t: next_token_logprobs(p, cfg, t, **chunk))
+    chunk = {} if args.chunk is None else {"chunk": args.chunk}
+    score = jax.jit(lambda p, t: token_logprobs(p, cfg, t, **chunk))
     compile_s = _timed(lambda: score(params, tokens).block_until_ready())
     times = [_timed(lambda: score(params, tokens).block_until_ready()) for _ in range(args.repeats)]
     np.save(os.path.join(args.ckpt, "jax_out.npy"), np.asarray(score(params, tokens))[:, 1:])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sweet_jax import models
-from sweet_jax.objectives import next_token_logprobs, token_logprobs
+from sweet_jax.objectives import logprobs_from_hidden, token_logprobs
 
 
 def _full_reference(hidden, w, targets):
@@ -20,9 +20,9 @@ def test_chunked_logprobs_match_full_log_softmax(chunk):
     hidden = jax.random.normal(k1, (3, 21, 16))
     w = jax.random.normal(k2, (16, 97))
     targets = jax.random.randint(k3, (3, 21), 0, 97)
-    out = token_logprobs(hidden, w, targets, chunk_size=chunk)
+    out = logprobs_from_hidden(hidden, w, targets, chunk=chunk)
     assert out.shape == (3, 21) and out.dtype == jnp.float32
-    np.testing.assert_allclose(out, _full_reference(hidden, w, targets), atol=2e-5)
+    np.testing.assert_allclose(out, _full_reference(hidden, w, targets), atol=1e-5)
 
 
 def test_chunked_gradient_matches_unchunked():
@@ -35,19 +35,21 @@ def test_chunked_gradient_matches_unchunked():
         return jnp.take_along_axis(jax.nn.log_softmax(h @ w), targets[..., None], -1).sum()
 
     g_ref = jax.grad(full, argnums=(0, 1))(hidden, w)
-    g = jax.grad(lambda h, w: token_logprobs(h, w, targets, chunk_size=4).sum(), argnums=(0, 1))(hidden, w)
+    g = jax.grad(lambda h, w: logprobs_from_hidden(h, w, targets, chunk=4).sum(), argnums=(0, 1))(hidden, w)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_next_token_logprobs_align_with_tokens():
-    cfg = models.LlamaConfig.preset("tiny", vocab_size=300)
+@pytest.mark.parametrize("tied", [False, True])
+def test_token_logprobs_equal_naive_full_logits_path(tied):
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=300, tie_word_embeddings=tied)
     params = models.init_params(cfg, jax.random.key(0), std=0.2)
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 300)
-    lp = next_token_logprobs(params, cfg, tokens, chunk_size=5)
-    logits = np.asarray(models.forward(params, cfg, tokens), np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
-        -1, keepdims=True)
-    expected = np.take_along_axis(logp[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    lp = token_logprobs(params, cfg, tokens, chunk=5)
+    logits = models.forward(params, cfg, tokens)  # the naive path: full logits, then log_softmax
+    expected = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], -1), tokens[:, 1:, None], -1)[..., 0]
     assert np.all(np.asarray(lp[:, 0]) == 0)
-    np.testing.assert_allclose(lp[:, 1:], expected, atol=2e-5)
+    np.testing.assert_allclose(lp[:, 1:], expected, atol=1e-5)
+    mask = jnp.zeros((2, 12)).at[:, 5:9].set(1)
+    masked = token_logprobs(params, cfg, tokens, mask, chunk=5)
+    np.testing.assert_array_equal(masked, np.where(mask > 0, lp, 0))

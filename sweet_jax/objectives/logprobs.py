@@ -1,7 +1,7 @@
 """Per-token log-probs from final hidden states, in chunks: full [B, T, V] logits never exist.
 
-Each chunk of `chunk_size` tokens computes its logits in f32, a log-sum-exp and the target's logit, and is
-rematerialised in the backward pass, so peak memory is O(chunk_size * V) in both directions.
+Each chunk of `chunk` tokens computes its logits in f32, a log-sum-exp and the target's logit, and is
+rematerialised in the backward pass, so peak memory is O(chunk * V) in both directions.
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ import jax.numpy as jnp
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.llama import Params, forward_hidden, lm_head_weight
 
+DEFAULT_CHUNK = 512
 
-def token_logprobs(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp.ndarray, *,
-                   chunk_size: int = 512) -> jnp.ndarray:
+
+def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp.ndarray, *,
+                         chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
     """log softmax(hidden @ lm_head)[target] in float32.
 
-    hidden [B, T, D], lm_head [D, V], targets int [B, T] -> [B, T]. Tokens are processed `chunk_size` at a time.
+    hidden [B, T, D], lm_head [D, V], targets int [B, T] -> [B, T]. Tokens are processed `chunk` at a time.
     """
     b, t, d = hidden.shape
     n = b * t
-    chunk = max(1, min(chunk_size, n))
+    chunk = max(1, min(chunk, n))
     pad = -n % chunk
     h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(-1, chunk, d)
     y = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
@@ -38,9 +40,15 @@ def token_logprobs(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp.ndarr
     return out.reshape(-1)[:n].reshape(b, t)
 
 
-def next_token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, positions=None, segment_ids=None, *,
-                        chunk_size: int = 512) -> jnp.ndarray:
-    """[B, T] float32, aligned with `tokens`: entry t is log p(tokens[t] | tokens[:t]); entry 0 is 0."""
+def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, targets_mask: jnp.ndarray | None = None, *,
+                   positions=None, segment_ids=None, chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
+    """float32 [B, T] aligned with `tokens`: entry t is log p(tokens[t] | tokens[:t]); entry 0 is 0.
+
+    targets_mask [B, T] (optional): entries where it is 0 are set to 0 (their value is still computed).
+    """
     hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
-    lp = token_logprobs(hidden[:, :-1], lm_head_weight(params, cfg), tokens[:, 1:], chunk_size=chunk_size)
-    return jnp.pad(lp, ((0, 0), (1, 0)))
+    lp = logprobs_from_hidden(hidden[:, :-1], lm_head_weight(params, cfg), tokens[:, 1:], chunk=chunk)
+    lp = jnp.pad(lp, ((0, 0), (1, 0)))
+    if targets_mask is not None:
+        lp = jnp.where(targets_mask.astype(bool), lp, 0.0)
+    return lp
