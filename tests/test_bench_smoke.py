@@ -20,3 +20,13 @@ def test_forward_benchmark_runs_and_agrees_with_hf():
     assert m, proc.stdout
     assert float(m.group(1)) > 0 and float(m.group(2)) < 1e-4
     assert re.search(r"sweet_jax: .* of peak\)", proc.stdout)
+
+
+@pytest.mark.slow
+def test_logprob_memory_benchmark_runs():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "logprob_memory.py"), "--seq", "1024", "--peer-seq", "256"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"sweet_jax: T=1024, V=128256: peak RSS [\d.]+ GiB .* PASS", proc.stdout), proc.stdout
+    assert "HF uses" in proc.stdout

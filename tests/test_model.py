@@ -63,17 +63,19 @@ def test_xla_attention_matches_reference_square_and_not(t):
     np.testing.assert_allclose(attention(q, k, v, q_seg, kv_seg, impl="xla"), ref, atol=1e-5)
 
 
-def test_query_blocked_reference_attention_is_exact():
+@pytest.mark.parametrize("t", [16, 8])
+def test_query_blocked_reference_attention_is_exact(t):
+    """Blocks of 4 queries (each building its own mask) equal one unblocked pass, square and suffix queries."""
     from sweet_jax.models.attention import reference_attention
 
     k1, k2, k3 = jax.random.split(jax.random.key(6), 3)
-    q = jax.random.normal(k1, (2, 16, 4, 8))
+    q = jax.random.normal(k1, (2, t, 4, 8))
     k = jax.random.normal(k2, (2, 16, 2, 8))
     v = jax.random.normal(k3, (2, 16, 2, 8))
-    seg = jnp.array([[1] * 5 + [2] * 11, [0] * 3 + [1] * 13])
-    mask = attention_mask(seg, seg)
-    whole = reference_attention(q, k, v, mask, 8**-0.5, q_block=16)
-    np.testing.assert_allclose(reference_attention(q, k, v, mask, 8**-0.5, q_block=4), whole, atol=1e-6)
+    kv_seg = jnp.array([[1] * 5 + [2] * 11, [0] * 3 + [1] * 13])
+    q_seg = kv_seg[:, 16 - t:]
+    whole = reference_attention(q, k, v, q_seg, kv_seg, q_block=16)
+    np.testing.assert_allclose(reference_attention(q, k, v, q_seg, kv_seg, q_block=4), whole, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["xla"])

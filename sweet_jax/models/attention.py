@@ -17,30 +17,44 @@ import jax
 import jax.numpy as jnp
 
 
-def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, causal: bool = True) -> jnp.ndarray:
-    """Boolean mask [B, 1, T, S]: True where query t may attend key s."""
+def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, causal: bool = True,
+                   q_offset=None) -> jnp.ndarray:
+    """Boolean mask [B, 1, T, S]: True where query t may attend key s.
+
+    Query t sits at key index q_offset + t; by default the queries are the last T of the S keys (T == S for a
+    full forward).
+    """
     t, s = q_segment_ids.shape[1], kv_segment_ids.shape[1]
     mask = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
     if causal:
-        # Queries are the last t of the s keys (t == s for a full forward).
-        q_idx = jnp.arange(t)[:, None] + (s - t)
+        q_idx = jnp.arange(t)[:, None] + (s - t if q_offset is None else q_offset)
         mask = mask & (q_idx >= jnp.arange(s)[None, :])[None]
     return mask[:, None]
 
 
-def reference_attention(q, k, v, mask, scale: float, q_block: int = 2048):
-    """q [B,T,N,H], k/v [B,S,K,H], mask [B,1,T,S] bool -> [B,T,N,H]. Softmax in f32.
+def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = True, scale: float | None = None,
+                        q_block: int = 2048):
+    """q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H]. Softmax in f32.
 
-    Queries are processed `q_block` at a time, so the f32 scores take O(q_block * S) memory, not O(T * S).
+    Queries are processed `q_block` at a time and each block builds its own mask, so memory is O(q_block * S),
+    not O(T * S).
     """
-    t = q.shape[1]
-    if t > q_block and t % q_block == 0:
-        nb = t // q_block
-        qb = jnp.moveaxis(q.reshape(q.shape[0], nb, q_block, *q.shape[2:]), 1, 0)
-        mb = jnp.moveaxis(mask.reshape(mask.shape[0], 1, nb, q_block, mask.shape[-1]), 2, 0)
-        out = jax.lax.map(lambda a: _attend(a[0], k, v, a[1], scale), (qb, mb))
-        return jnp.moveaxis(out, 0, 1).reshape(q.shape)
-    return _attend(q, k, v, mask, scale)
+    b, t = q.shape[:2]
+    s = k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if t <= q_block or t % q_block:
+        return _attend(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal), scale)
+    nb = t // q_block
+    qb = jnp.moveaxis(q.reshape(b, nb, q_block, *q.shape[2:]), 1, 0)
+    segb = jnp.moveaxis(q_segment_ids.reshape(b, nb, q_block), 1, 0)
+    offsets = jnp.arange(nb) * q_block + (s - t)
+
+    def block(args):
+        qi, seg, off = args
+        return _attend(qi, k, v, attention_mask(seg, kv_segment_ids, causal, q_offset=off), scale)
+
+    out = jax.lax.map(block, (qb, segb, offsets))
+    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
 
 
 def _attend(q, k, v, mask, scale: float):
@@ -67,7 +81,7 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
     scale = q.shape[-1] ** -0.5
     impl = resolve_impl(impl, q.dtype)
     if impl == "reference":
-        return reference_attention(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal), scale)
+        return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale)
     if impl in ("xla", "cudnn"):
         # Let the kernel apply causality itself (cuDNN then skips the upper triangle); the segment mask goes in as a
         # mask (cuDNN folds it into a bias). jax's is_causal aligns queries at the top-left, so it is only used for
