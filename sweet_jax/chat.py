@@ -71,6 +71,44 @@ class RenderedChat:
         return np.where(is_asst, np.searchsorted(messages, self.turns), -1).astype(np.int32)
 
 
+def _date_preamble(today: str = "26 Jul 2024", knowledge_cutoff: str = "December 2023") -> str:
+    return f"Cutting Knowledge Date: {knowledge_cutoff}\nToday Date: {today}\n\n"
+
+
+def _blocks(messages: Sequence[Mapping[str, str]], preamble: str) -> list[tuple[str, str, int]]:
+    """Validated (role, trimmed content, message index) blocks; a non-empty preamble forces a system block."""
+    blocks = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise ValueError(f"message {i}: expected a mapping with 'role' and 'content', got {m!r}")
+        if m["role"] not in ROLE_IDS:
+            raise ValueError(f"message {i}: unknown role {m['role']!r}; expected one of {sorted(ROLE_IDS)}")
+        if not isinstance(m["content"], str):
+            raise ValueError(f"message {i}: 'content' must be a string, got {type(m['content']).__name__}")
+        blocks.append((m["role"], m["content"].strip(), i))
+    if preamble:
+        if blocks and blocks[0][0] == "system":
+            role, content, i = blocks[0]
+            blocks[0] = (role, preamble + content, i)
+        else:
+            blocks.insert(0, ("system", preamble, -1))
+    return blocks
+
+
+def _render_blocks(blocks, add_generation_prompt: bool, add_bos: bool) -> str:
+    parts = [BOS] if add_bos else []
+    parts += [f"{START_HEADER}{role}{END_HEADER}\n\n{content}{EOT}" for role, content, _ in blocks]
+    if add_generation_prompt:
+        parts.append(f"{START_HEADER}assistant{END_HEADER}\n\n")
+    return "".join(parts)
+
+
+def render_text(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = False, add_bos: bool = True,
+                date_header: bool = True) -> str:
+    """The Llama-3.1 chat format as a string, without a tokenizer (same output as `Llama31ChatFormat.render_text`)."""
+    return _render_blocks(_blocks(messages, _date_preamble() if date_header else ""), add_generation_prompt, add_bos)
+
+
 class Llama31ChatFormat:
     """Renders message lists ({"role", "content"}) in the Llama-3.1 chat format for one tokenizer."""
 
@@ -78,42 +116,23 @@ class Llama31ChatFormat:
                  knowledge_cutoff: str = "December 2023"):
         self.tokenizer = tokenizer
         self.date_header = date_header
-        self.preamble = f"Cutting Knowledge Date: {knowledge_cutoff}\nToday Date: {today}\n\n" if date_header else ""
+        self.preamble = _date_preamble(today, knowledge_cutoff) if date_header else ""
         vocab = tokenizer.get_vocab()
         missing = [t for t in (BOS, START_HEADER, END_HEADER, EOT) if t not in vocab]
         if missing:
             raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} lacks Llama-3 special tokens "
                              f"{missing}")
         self.bos_id, self.start_id, self.end_id, self.eot_id = (vocab[t] for t in (BOS, START_HEADER, END_HEADER, EOT))
+        encoded = tokenizer(list(ROLE_IDS), add_special_tokens=False)["input_ids"]
+        self._role_by_ids = {tuple(ids): role for role, ids in zip(ROLE_IDS, encoded)}
 
-    # ------------------------------------------------------------------ messages -> (role, content) blocks
     def _blocks(self, messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str, int]]:
-        blocks = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise ValueError(f"message {i}: expected a mapping with 'role' and 'content', got {m!r}")
-            if m["role"] not in ROLE_IDS:
-                raise ValueError(f"message {i}: unknown role {m['role']!r}; expected one of {sorted(ROLE_IDS)}")
-            if not isinstance(m["content"], str):
-                raise ValueError(f"message {i}: 'content' must be a string, got {type(m['content']).__name__}")
-            blocks.append((m["role"], m["content"].strip(), i))
-        if self.date_header:
-            if blocks and blocks[0][0] == "system":
-                role, content, i = blocks[0]
-                blocks[0] = (role, self.preamble + content, i)
-            else:
-                blocks.insert(0, ("system", self.preamble, -1))
-        return blocks
+        return _blocks(messages, self.preamble)
 
     def render_text(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False,
                     add_bos: bool = True) -> str:
         """The rendered prompt as a string (what an OpenAI-compatible completions endpoint receives)."""
-        parts = [BOS] if add_bos else []
-        for role, content, _ in self._blocks(messages):
-            parts.append(f"{START_HEADER}{role}{END_HEADER}\n\n{content}{EOT}")
-        if add_generation_prompt:
-            parts.append(f"{START_HEADER}assistant{END_HEADER}\n\n")
-        return "".join(parts)
+        return _render_blocks(self._blocks(messages), add_generation_prompt, add_bos)
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False,
                add_bos: bool = True) -> RenderedChat:
@@ -149,3 +168,50 @@ class Llama31ChatFormat:
             turns=np.asarray(turns, np.int32),
             content=np.asarray(content, bool),
         )
+
+    def segment(self, tokens: Sequence[int]) -> "SegmentedChat":
+        """Recover roles, message indices and masks from an already-templated token stream (e.g. a tokenised
+        ColBench `input` + `output`), by scanning special-token ids: no string search.
+
+        A message runs from its <|start_header_id|> to its <|eot_id|> (or the end of the stream). Tokens before the
+        first header (an information prefix, <|begin_of_text|>) belong to no message.
+        """
+        ids = np.asarray(tokens, np.int32)
+        n = len(ids)
+        roles = np.zeros(n, np.int8)
+        turns = np.full(n, -1, np.int32)
+        content = np.zeros(n, bool)
+        separator = np.zeros(n, bool)
+        starts = np.flatnonzero(ids == self.start_id)
+        eots = np.flatnonzero(ids == self.eot_id)
+        ends = np.flatnonzero(ids == self.end_id)
+        for m, s0 in enumerate(starts):
+            nxt = starts[m + 1] if m + 1 < len(starts) else n
+            e = ends[(ends > s0) & (ends < nxt)]
+            if not len(e):
+                raise ValueError(f"header opened at token {s0} has no <|end_header_id|> before the next header")
+            head = tuple(ids[s0 + 1:e[0]].tolist())
+            role = self._role_by_ids.get(head)
+            if role is None:
+                raise ValueError(f"unknown role header {head} at token {s0}")
+            close = eots[(eots > e[0]) & (eots < nxt)]
+            stop = close[0] + 1 if len(close) else nxt
+            roles[s0:stop] = ROLE_IDS[role]
+            turns[s0:stop] = m
+            if e[0] + 1 < stop:
+                separator[e[0] + 1] = True
+                content[e[0] + 2:stop] = True
+        return SegmentedChat(tokens=ids, roles=roles, turns=turns, content=content, separator=separator)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentedChat(RenderedChat):
+    """A RenderedChat recovered from token ids, plus the "\\n\\n" separator token that follows each header
+    (the official SWEET-RL mask includes it)."""
+
+    separator: np.ndarray = None  # bool
+
+    @property
+    def official_assistant_mask(self) -> np.ndarray:
+        """The official code's multi-turn mask: from the token after <|end_header_id|> through <|eot_id|>."""
+        return (self.content | self.separator) & (self.roles == ASSISTANT)

@@ -144,3 +144,19 @@ def test_tokenizer_without_llama3_specials_is_rejected(tok):
 def test_missing_tokenizer_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer directory not found"):
         load_tokenizer(tmp_path / "none")
+
+
+@pytest.mark.parametrize("gen", [False, True])
+def test_segment_recovers_render_from_token_ids(tok, gen):
+    fmt = Llama31ChatFormat(tok)
+    r = fmt.render(COLBENCH_CHAT, add_generation_prompt=gen)
+    prefix = tok("In light that the final answer is: x = 1.", add_special_tokens=False)["input_ids"]
+    seg = fmt.segment(list(prefix) + r.tokens.tolist())
+    p = len(prefix)
+    assert (seg.roles[:p] == 0).all() and not seg.content[:p].any() and (seg.turns[:p] == -1).all()
+    np.testing.assert_array_equal(seg.content[p:], r.content)
+    np.testing.assert_array_equal(seg.roles[p:], r.roles)
+    np.testing.assert_array_equal(seg.assistant_mask[p:], r.assistant_mask)
+    # The official mask adds exactly the "\n\n" token (id 271) after each assistant header.
+    extra = seg.official_assistant_mask & ~seg.assistant_mask
+    assert extra.sum() == 2 + int(gen) and (seg.tokens[extra] == 271).all()

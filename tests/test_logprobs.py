@@ -53,3 +53,15 @@ def test_token_logprobs_equal_naive_full_logits_path(tied):
     mask = jnp.zeros((2, 12)).at[:, 5:9].set(1)
     masked = token_logprobs(params, cfg, tokens, mask, chunk=5)
     np.testing.assert_array_equal(masked, np.where(mask > 0, lp, 0))
+
+
+def test_gathered_logprobs_equal_full_at_those_positions():
+    from sweet_jax.objectives import gathered_logprobs
+
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=300)
+    params = models.init_params(cfg, jax.random.key(0), std=0.2)
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 300)
+    full = token_logprobs(params, cfg, tokens)
+    pos = jnp.array([[1, 4, 5, 11], [3, 3, 7, 8]])
+    np.testing.assert_allclose(gathered_logprobs(params, cfg, tokens, pos, chunk=3),
+                               jnp.take_along_axis(full, pos, 1), atol=1e-6)

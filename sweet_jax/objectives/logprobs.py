@@ -52,3 +52,16 @@ def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, target
     if targets_mask is not None:
         lp = jnp.where(targets_mask.astype(bool), lp, 0.0)
     return lp
+
+
+def gathered_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, gather_pos: jnp.ndarray, *,
+                      positions=None, segment_ids=None, chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
+    """log p(tokens[b, p] | tokens[b, :p]) for p = gather_pos[b, s] (all >= 1) -> float32 [B, S].
+
+    Only the gathered positions go through the vocabulary projection: a critic that scores assistant turns pays
+    the [D, V] matmul and log-sum-exp for those tokens alone.
+    """
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
+    h = jnp.take_along_axis(hidden, (gather_pos - 1)[..., None], axis=1)
+    targets = jnp.take_along_axis(tokens, gather_pos, axis=1)
+    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, chunk=chunk)

@@ -1,0 +1,36 @@
+"""SWEET critic on SYNTHETIC collaborative data with a random-init tiny Llama: the embedded default job.
+
+Runs on a CPU in a few minutes with no network. The critic sees the reference solution (training-time information)
+before the conversation and learns to prefer trajectories whose final answer matches it. With
+--config.data.with_info=False the same recipe has no way to tell the answers apart (the control).
+Learning rate and beta are tiny-model settings, not the 8B recipe's.
+"""
+
+from sweet_jax.training.defaults import base_config
+
+
+def get_config():
+    c = base_config()
+    c.objective = "critic"
+    c.model.preset = "tiny"
+    c.model.init_std = 0.02
+    c.data.kind = "trajectory_pairs"
+    c.data.with_info = True
+    c.data.max_len = 512
+    c.data.score_span = "response"  # the final answer only: the tiny job's cost is the 128k-vocab head
+    c.data.synthetic.num_tasks = 400
+    c.data.eval_fraction = 0.2
+    c.loss.beta = 1.0
+    c.loss.reduction = "trajectory_mean"
+    c.optim.lr = 3e-3
+    c.optim.batch_size = 8
+    c.optim.micro_batch_size = 8
+    c.train.epochs = 6
+    c.train.output_dir = "runs/critic_tiny"
+    c.train.log_every = 5
+    c.train.eval_every = 60
+    c.train.logprob_chunk = 128
+    c.train.checkpoint_every = 20
+    c.train.eval_batch_size = 32
+    c.train.export_dtype = "float32"
+    return c

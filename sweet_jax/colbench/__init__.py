@@ -1,0 +1,1 @@
+"""ColBench: tasks, environments, simulator client, rollouts and evaluators. Imports no JAX."""

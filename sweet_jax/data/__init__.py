@@ -1,0 +1,1 @@
+"""Trajectory records, token examples, pairs and batches. Imports no JAX."""

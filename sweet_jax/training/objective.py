@@ -1,0 +1,71 @@
+"""The jitted pieces of training: the loss for each objective, the sequence scorer, the train step.
+
+Objectives (config `objective`):
+- "critic": the SWEET critic's Bradley-Terry loss on (critic - frozen reference) reduced log-probs of chosen vs
+  rejected trajectories (the information prefix is in the text).
+- "dpo":    DPO on (policy - frozen reference) with an optional NLL term (SWEET actor, multi-turn DPO).
+- "sft":    token-mean NLL over the score mask (rejection fine-tuning).
+
+A pair batch holds P chosen examples followed by their P rejected examples; `ref` [2P] carries the cached frozen
+reference scores.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sweet_jax import objectives
+from sweet_jax.models.config import LlamaConfig
+
+OBJECTIVES = ("critic", "dpo", "sft")
+MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
+
+
+def sequence_scores(params, model_cfg: LlamaConfig, batch, reduction: str, chunk: int, max_turns: int = 32):
+    """(reduced score [B], gathered log-probs [B, S])."""
+    lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
+                                      positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
+    score = objectives.reduce_logprobs(lp, batch["gather_score"], reduction, batch["gather_turn"], max_turns)
+    return score, lp
+
+
+def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, chunk: int):
+    """Mean loss and mean metrics over the batch."""
+    if objective == "sft":
+        lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
+                                          positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
+        loss, metrics = objectives.sft_loss(lp, batch["gather_score"])
+    else:
+        score, lp = sequence_scores(params, model_cfg, batch, loss_cfg.reduction, chunk)
+        p = score.shape[0] // 2
+        nll = -objectives.masked_mean(lp[:p], batch["gather_nll"][:p])
+        fn = objectives.bradley_terry_loss if objective == "critic" else objectives.dpo_loss
+        loss, metrics = fn(score[:p], score[p:], batch["ref"][:p], batch["ref"][p:], loss_cfg.beta,
+                           chosen_nll=nll, nll_coef=loss_cfg.nll_coef)
+    return loss.mean(), jax.tree.map(jnp.mean, metrics)
+
+
+def make_train_step(tx: optax.GradientTransformation, **loss_kw):
+    grad_fn = jax.value_and_grad(functools.partial(loss_fn, **loss_kw), has_aux=True)
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def train_step(state, batch):
+        (_, metrics), grads = grad_fn(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    return train_step
+
+
+def make_eval_step(**loss_kw):
+    return jax.jit(lambda params, batch: loss_fn(params, batch, **loss_kw)[1])
+
+
+def make_score_fn(model_cfg: LlamaConfig, reduction: str, chunk: int):
+    return jax.jit(lambda params, batch: sequence_scores(params, model_cfg, batch, reduction, chunk)[0])

@@ -1,0 +1,270 @@
+"""The offline training loop shared by the critic, DPO and RFT jobs.
+
+- Data: `pipeline.build` (validated, paired, tokenised; held-out split); batches are length-bucketed.
+- Frozen reference: its scores are computed once per dataset with the initial params and cached on disk
+  (`reference/*.npy`, with a fingerprint); `loss.reference="recompute"` recomputes them every step instead.
+- State {params, opt_state, step} is checkpointed by an Orbax CheckpointManager (async, keeps the last N). A restarted
+  job restores the latest checkpoint and continues at the same data position (the batch order is a pure function of
+  seed, epoch and step), so a killed run ends with the same params as an uninterrupted one.
+- Progress: a tqdm bar with loss and accuracy, TensorBoard scalars under `tb/`, `metrics.json` at the end.
+- Export: the final params as HF safetensors (+ tokenizer) under `hf/`, ready for vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from sweet_jax import models
+from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+from sweet_jax.data.batching import collate, default_buckets
+from sweet_jax.training import objective as obj
+from sweet_jax.training import pipeline
+from sweet_jax.training.optim import make_optimizer
+
+log = logging.getLogger("sweet_jax.train")
+
+
+class SetupError(RuntimeError):
+    """A job that cannot start (missing model or tokenizer, inconsistent settings); the message says what to do."""
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def load_model(model_cfg) -> tuple[models.LlamaConfig, dict]:
+    overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
+                     remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl)
+    if model_cfg.hf_path:
+        if not os.path.isdir(model_cfg.hf_path):
+            raise SetupError(
+                f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
+                f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
+                f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
+        cfg = models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
+        return cfg, models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype)
+    cfg = models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
+    return cfg, models.init_params(cfg, jax.random.key(model_cfg.init_seed), std=model_cfg.init_std)
+
+
+def load_job_tokenizer(cfg):
+    path = cfg.tokenizer_path or cfg.model.hf_path or bundled_llama3_tokenizer_dir()
+    try:
+        return load_tokenizer(path)
+    except (FileNotFoundError, OSError) as e:
+        raise SetupError(f"tokenizer not found at {path!r} ({e}); set --config.tokenizer_path to an HF tokenizer "
+                         f"directory (the model's own directory works)") from None
+
+
+def _atomic_json(path: str, obj_) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj_, fh, indent=2, default=float)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------ batches
+class Batcher:
+    def __init__(self, cfg, pad_id: int):
+        self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
+        self.gather_buckets = default_buckets(cfg.data.max_len, 32)
+        self.pad_id = pad_id
+        self.nll_span = cfg.loss.nll_span
+
+    def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
+        items = [split.items[i] for i in idx]
+        examples = ([c for c, _ in items] + [r for _, r in items]) if split.paired else items
+        batch = collate(examples, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
+                        nll_span=self.nll_span)
+        batch = {k: batch[k] for k in obj.MODEL_INPUTS}
+        if ref is not None:
+            batch["ref"] = np.concatenate([ref[idx, 0], ref[idx, 1]]).astype(np.float32)
+        return batch
+
+
+def _fingerprint(split: pipeline.Split, model_cfg: models.LlamaConfig, cfg) -> str:
+    h = hashlib.sha256()
+    for e in pipeline.examples_of(split):
+        h.update(e.tokens.tobytes())
+        h.update(np.packbits(e.score_mask).tobytes())
+    h.update(repr((model_cfg, cfg.model.to_dict(), cfg.loss.reduction)).encode())
+    return h.hexdigest()[:16]
+
+
+def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, batcher: Batcher, run_dir: str):
+    """[n_pairs, 2] frozen-reference scores (chosen, rejected), cached on disk per dataset and initial model."""
+    n = len(split.items)
+    if n == 0:
+        return np.zeros((0, 2), np.float32)
+    fp = _fingerprint(split, model_cfg, cfg)
+    path = os.path.join(run_dir, "reference", f"{name}-{fp}.npy")
+    if os.path.exists(path):
+        return np.load(path)
+    score = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk)
+    bs = cfg.train.eval_batch_size
+    out = np.zeros((n, 2), np.float32)
+    for start in tqdm(range(0, n, bs), desc=f"reference scores ({name})", disable=None):
+        idx = np.arange(start, min(start + bs, n))
+        s = np.asarray(score(params0, batcher(split, idx, None)))
+        out[idx, 0], out[idx, 1] = s[:len(idx)], s[len(idx):]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npy"
+    np.save(tmp, out)
+    os.replace(tmp, path)
+    return out
+
+
+def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
+    if not split.items:
+        return {}
+    sums, count = {}, 0
+    for start in range(0, len(split.items), bs):
+        idx = np.arange(start, min(start + bs, len(split.items)))
+        m = jax.device_get(eval_step(params, batcher(split, idx, ref)))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(idx)
+        count += len(idx)
+    return {k: v / count for k, v in sums.items()}
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def run(cfg) -> dict:
+    """Train according to `cfg` (an ml_collections ConfigDict, see configs/). Returns the final metrics."""
+    t_start = time.time()
+    if cfg.objective not in obj.OBJECTIVES:
+        raise SetupError(f"objective must be one of {obj.OBJECTIVES}, got {cfg.objective!r}")
+    run_dir = os.path.abspath(cfg.train.output_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json.tmp"), "w") as fh:
+        fh.write(cfg.to_json_best_effort(indent=2))
+    os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
+
+    tokenizer = load_job_tokenizer(cfg)
+    model_cfg, params0 = load_model(cfg.model)
+    train, held_out, stats = pipeline.build(cfg.data, tokenizer, run_dir)
+    log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
+             "%d train / %d held-out %s", stats.records, stats.skipped_records, stats.skipped_examples,
+             stats.truncated, len(train.items), len(held_out.items), "pairs" if train.paired else "examples")
+    for err in stats.first_errors:
+        log.warning("skipped: %s", err)
+
+    micro, batch = cfg.optim.micro_batch_size, cfg.optim.batch_size
+    if batch % micro:
+        raise SetupError(f"optim.batch_size={batch} must be a multiple of optim.micro_batch_size={micro}")
+    accumulation = batch // micro
+    steps_per_epoch = len(train.items) // micro
+    total_steps = cfg.train.epochs * steps_per_epoch
+    if total_steps // accumulation < 1:
+        raise SetupError(f"{len(train.items)} training items make no full batch of {batch}; add data or reduce "
+                         f"optim.batch_size")
+    tx = make_optimizer(cfg.optim, total_steps // accumulation, accumulation)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+    batcher = Batcher(cfg, pad_id)
+    paired = cfg.objective != "sft"
+    if paired != train.paired:
+        raise SetupError(f"objective {cfg.objective!r} needs {'pairs' if paired else 'single examples'}, but "
+                         f"data.kind={cfg.data.kind!r} gives {'pairs' if train.paired else 'single examples'}")
+    recompute = paired and cfg.loss.reference == "recompute"
+    ref_train = ref_eval = None
+    if paired and not recompute:
+        ref_train = reference_scores("train", train, params0, model_cfg, cfg, batcher, run_dir)
+        ref_eval = reference_scores("eval", held_out, params0, model_cfg, cfg, batcher, run_dir)
+
+    loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
+    train_step = obj.make_train_step(tx, **loss_kw)
+    eval_step = obj.make_eval_step(**loss_kw)
+    score_fn = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk) if recompute else None
+    frozen = jax.tree.map(jnp.copy, params0) if recompute else None
+
+    state = {"params": params0, "opt_state": tx.init(params0), "step": jnp.zeros((), jnp.int32)}
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(
+        max_to_keep=cfg.train.keep_checkpoints, enable_async_checkpointing=True, create=True))
+    latest = manager.latest_step()
+    if latest is not None:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        log.info("resumed from %s at step %d of %d", ckpt_dir, latest, total_steps)
+    start = int(state["step"])
+
+    writer = None
+    if cfg.train.tensorboard:
+        from tensorboardX import SummaryWriter
+        writer = SummaryWriter(os.path.join(run_dir, "tb"))
+
+    def batch_at(step: int):
+        epoch, i = divmod(step, steps_per_epoch)
+        order = np.random.default_rng(cfg.train.seed + epoch).permutation(len(train.items))
+        idx = order[i * micro:(i + 1) * micro]
+        b = batcher(train, idx, ref_train)
+        if recompute:
+            s = np.asarray(score_fn(frozen, {k: b[k] for k in obj.MODEL_INPUTS}))
+            b["ref"] = s.astype(np.float32)
+        return b
+
+    def held_out_metrics(params):
+        ref = ref_eval
+        if recompute and held_out.items:
+            ref = np.zeros((len(held_out.items), 2), np.float32)
+            for s0 in range(0, len(held_out.items), cfg.train.eval_batch_size):
+                idx = np.arange(s0, min(s0 + cfg.train.eval_batch_size, len(held_out.items)))
+                sc = np.asarray(score_fn(frozen, batcher(held_out, idx, None)))
+                ref[idx, 0], ref[idx, 1] = sc[:len(idx)], sc[len(idx):]
+        return evaluate(eval_step, params, held_out, ref, batcher, cfg.train.eval_batch_size)
+
+    history = []
+    bar = tqdm(total=total_steps, initial=start, desc=f"train {cfg.objective}", disable=None, dynamic_ncols=True)
+    running: dict[str, float] = {}
+    for step in range(start, total_steps):
+        state, metrics = train_step(state, batch_at(step))
+        done = step + 1
+        bar.update(1)
+        if done % cfg.train.log_every == 0 or done == total_steps:
+            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            running = m
+            bar.set_postfix({k: f"{m[k]:.4f}" for k in ("loss", "accuracy") if k in m})
+            if writer:
+                for k, v in m.items():
+                    writer.add_scalar(f"train/{k}", v, done)
+        if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != total_steps:
+            e = held_out_metrics(state["params"])
+            history.append({"step": done, **e})
+            log.info("step %d held-out %s", done, {k: round(v, 4) for k, v in e.items()})
+            if writer:
+                for k, v in e.items():
+                    writer.add_scalar(f"eval/{k}", v, done)
+        if done % cfg.train.checkpoint_every == 0 or done == total_steps:
+            manager.save(done, args=ocp.args.StandardSave(state))
+    bar.close()
+    manager.wait_until_finished()
+
+    final = held_out_metrics(state["params"])
+    log.info("final held-out metrics: %s", {k: round(v, 4) for k, v in final.items()})
+    if writer:
+        for k, v in final.items():
+            writer.add_scalar(f"eval/{k}", v, total_steps)
+        writer.close()
+    if cfg.train.export_hf:
+        out = os.path.join(run_dir, "hf")
+        models.save_hf_params(state["params"], model_cfg, out, dtype=cfg.train.export_dtype or None)
+        tokenizer.save_pretrained(out)
+        log.info("exported HF checkpoint to %s", out)
+    result = {
+        "objective": cfg.objective, "steps": total_steps, "updates": total_steps // accumulation,
+        "train_items": len(train.items), "held_out_items": len(held_out.items),
+        "records": stats.records, "skipped_records": stats.skipped_records,
+        "skipped_examples": stats.skipped_examples, "truncated": stats.truncated,
+        "held_out": final, "history": history, "last_train": running, "seconds": time.time() - t_start,
+    }
+    _atomic_json(os.path.join(run_dir, "metrics.json"), result)
+    manager.close()
+    return result
+
