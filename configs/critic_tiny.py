@@ -18,14 +18,14 @@ def get_config():
     c.data.with_info = True
     c.data.max_len = 512
     c.data.score_span = "response"  # the final answer only: the tiny job's cost is the 128k-vocab head
-    c.data.synthetic.num_tasks = 400
+    c.data.synthetic.num_tasks = 500
     c.data.eval_fraction = 0.2
     c.loss.beta = 1.0
     c.loss.reduction = "trajectory_mean"
     c.optim.lr = 3e-3
     c.optim.batch_size = 8
     c.optim.micro_batch_size = 8
-    c.train.epochs = 6
+    c.train.epochs = 2
     c.train.output_dir = "runs/critic_tiny"
     c.train.log_every = 5
     c.train.eval_every = 60

@@ -30,3 +30,12 @@ def test_logprob_memory_benchmark_runs():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"sweet_jax: T=1024, V=128256: peak RSS [\d.]+ GiB .* PASS", proc.stdout), proc.stdout
     assert "HF uses" in proc.stdout
+
+
+@pytest.mark.slow
+def test_dpo_step_benchmark_runs():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "dpo_step.py"), "--steps", "3", "--hidden", "64", "--layers",
+         "1", "--pairs", "2"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"ratio sweet_jax / TRL: [\d.]+x faster", proc.stdout), proc.stdout

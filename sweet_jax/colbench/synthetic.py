@@ -30,8 +30,8 @@ OPS = {"*": ("scales a number", "multiply it"), "+": ("shifts a number", "add to
        "-": ("lowers a number", "subtract from it")}
 NAMES = ("adjust", "convert", "rescale", "update", "transform", "compute_value", "apply_rule", "get_amount",
          "calc_total", "fix_reading", "normalize_score", "final_price")
-# Two-digit constants are single Llama-3 tokens; 26 is left out because the chat template's date line contains it.
-CONSTANTS = tuple(c for c in range(11, 99) if c != 26)
+# Two-digit constants are single Llama-3 tokens and never occur in the chat template's date line (2023, 26, 2024).
+CONSTANTS = (11, 13, 17, 19, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
 TEST_INPUTS = (0, 1, 2, 3, 4, 5, 7, 10, 12, 100)
 QUESTIONS = ("What should the function do to the number?", "Should it add, subtract or multiply?",
              "Which operation do you have in mind?")
@@ -39,10 +39,11 @@ FOLLOW_UPS = ("And which number should it use?", "What is the exact amount?")
 VAGUE = ("I am not sure about the exact number, sorry.", "I don't remember the exact amount.")
 
 
-def make_task(rng: random.Random) -> dict:
+def make_task(rng: random.Random, num_constants: int = len(CONSTANTS)) -> dict:
+    """num_constants: how many of CONSTANTS the hidden rule draws from (fewer: each is seen more often)."""
     op = rng.choice(sorted(OPS))
     name = rng.choice(NAMES)
-    c = rng.choice(CONSTANTS)
+    c = rng.choice(CONSTANTS[:num_constants])
     code = f"def {name}(x):\n    return x {op} {c}"
     return {
         "problem_description": f"I need a small helper that {OPS[op][0]} for my records, but only I know the "
@@ -52,6 +53,7 @@ def make_task(rng: random.Random) -> dict:
         "test_cases": {f"test{i + 1}": f"{name}({x})" for i, x in enumerate(TEST_INPUTS)},
         "synthetic": True,
         "source": "sweet_jax.colbench.synthetic",
+        "constants": list(CONSTANTS[:num_constants]),
     }
 
 
@@ -73,24 +75,25 @@ def rollout(task: dict, rng: random.Random, p_correct: float) -> dict:
     if rng.random() < 0.5:
         agent(rng.choice(FOLLOW_UPS))
         history.append({"role": "user", "content": rng.choice(VAGUE)})
-    guess = c if rng.random() < p_correct else rng.choice([k for k in CONSTANTS if k != c])
+    guess = c if rng.random() < p_correct else rng.choice([k for k in task["constants"] if k != c])
     answer = f"def {name}(x):\n    return x {op} {guess}"
     agent(f"I WANT TO ANSWER:\n```python\n{answer}\n```")
     score = score_answer(history[-1]["content"], code, task["test_cases"])
     return {"task": task, "dialogue_history": history, "answer": answer, "reward": score.reward}
 
 
-def make_dataset(num_tasks: int, rollouts: int = 3, p_correct: float = 0.5, seed: int = 0) -> list[dict]:
+def make_dataset(num_tasks: int, rollouts: int = 3, p_correct: float = 0.5, seed: int = 0,
+                 num_constants: int = len(CONSTANTS)) -> list[dict]:
     """num_tasks x rollouts records, block layout: record j * num_tasks + i is rollout j of task i."""
     rng = random.Random(seed)
-    tasks = [make_task(rng) for _ in range(num_tasks)]
+    tasks = [make_task(rng, num_constants) for _ in range(num_tasks)]
     return [rollout(t, rng, p_correct) for _ in range(rollouts) for t in tasks]
 
 
 def write_dataset(path: str | os.PathLike, num_tasks: int, rollouts: int = 3, p_correct: float = 0.5,
-                  seed: int = 0) -> str:
+                  seed: int = 0, num_constants: int = len(CONSTANTS)) -> str:
     """Write (atomically) a synthetic trajectory JSONL file and return its path."""
-    return write_jsonl(path, make_dataset(num_tasks, rollouts, p_correct, seed))
+    return write_jsonl(path, make_dataset(num_tasks, rollouts, p_correct, seed, num_constants))
 
 
 def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> list[dict]:

@@ -146,8 +146,8 @@ def run(cfg) -> dict:
         fh.write(cfg.to_json_best_effort(indent=2))
     os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
 
-    tokenizer = load_job_tokenizer(cfg)
     model_cfg, params0 = load_model(cfg.model)
+    tokenizer = load_job_tokenizer(cfg)
     train, held_out, stats = pipeline.build(cfg.data, tokenizer, run_dir)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
              "%d train / %d held-out %s", stats.records, stats.skipped_records, stats.skipped_examples,
@@ -231,6 +231,8 @@ def run(cfg) -> dict:
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
             running = m
             bar.set_postfix({k: f"{m[k]:.4f}" for k in ("loss", "accuracy") if k in m})
+            if bar.disable:  # no terminal: keep a plain log line instead of the bar
+                log.info("step %d/%d %s", done, total_steps, " ".join(f"{k}={v:.4g}" for k, v in m.items()))
             if writer:
                 for k, v in m.items():
                     writer.add_scalar(f"train/{k}", v, done)

@@ -1,0 +1,164 @@
+"""DPO train-step time: sweet_jax vs TRL's DPOTrainer (torch CPU), same tiny Llama, same pairs, same run.
+
+The pairs are SYNTHETIC ranked candidates (prompt = a templated multi-turn history, ~200 tokens; responses ~25
+tokens) tokenised with the real Llama-3 tokenizer (vocab 128,256). Both sides run sigmoid DPO with beta 0.1, batch 8
+pairs, AdamW, with the frozen reference log-probs precomputed (TRL: precompute_ref_log_probs=True; sweet_jax: its
+reference cache), so a step is one policy forward + backward + update on each side. Each side runs in its own child
+process; the reported figure is the median step time after warm-up.
+
+    python bench/dpo_step.py                  # hidden 256, 4 layers, 8 pairs per step
+    python bench/dpo_step.py --steps 4 --hidden 64 --layers 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _pairs(n: int) -> list[dict]:
+    from sweet_jax.colbench import synthetic
+
+    recs = synthetic.make_ranked_records(n, candidates=4, seed=0)
+    return [{"prompt": r["input"], "chosen": r["additional_outputs"][0], "rejected": r["additional_outputs"][1]}
+            for r in recs]
+
+
+def worker_jax(args) -> dict:
+    import jax
+
+    from sweet_jax import models
+    from sweet_jax.chat import load_tokenizer
+    from sweet_jax.data.batching import collate, default_buckets
+    from sweet_jax.data.examples import ExampleBuilder
+    from sweet_jax.training import objective as obj
+    from sweet_jax.training.defaults import base_config
+    from sweet_jax.training.optim import make_optimizer
+
+    cfg = models.LlamaConfig.from_pretrained(args.ckpt)
+    params = models.load_hf_params(args.ckpt, cfg)
+    tok = load_tokenizer(args.ckpt)
+    builder = ExampleBuilder(tok, 1024, score_span="response")
+    pairs = json.load(open(os.path.join(args.ckpt, "pairs.json")))
+    c = base_config()
+    c.objective, c.loss.reduction, c.loss.beta, c.optim.lr = "dpo", "sum", 0.1, 1e-5
+    tx = make_optimizer(c.optim, args.steps, 1)
+    step = obj.make_train_step(tx, objective="dpo", model_cfg=cfg, loss_cfg=c.loss, chunk=512)
+    state = {"params": params, "opt_state": tx.init(params), "step": jax.numpy.zeros((), "int32")}
+    batches = []
+    for s in range(args.steps):
+        chunk = pairs[(s * args.pairs) % len(pairs):][:args.pairs]
+        exs = [builder.from_text(p["prompt"], p["chosen"], "bench") for p in chunk] + \
+              [builder.from_text(p["prompt"], p["rejected"], "bench") for p in chunk]
+        b = collate(exs, default_buckets(1024), tok.bos_token_id, gather_buckets=default_buckets(1024, 32))
+        b = {k: b[k] for k in obj.MODEL_INPUTS}
+        b["ref"] = np.zeros(2 * len(chunk), np.float32)
+        batches.append(b)
+    times = []
+    for b in batches:
+        t0 = time.perf_counter()
+        state, m = step(state, b)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    tokens = int(sum(b["segment_ids"].sum() for b in batches) / len(batches))
+    return {"step_s": statistics.median(times[2:]), "first_s": times[0], "tokens_per_step": tokens,
+            "version": jax.__version__}
+
+
+def worker_trl(args) -> dict:
+    import datasets
+    import torch
+    import transformers
+    from trl import DPOConfig, DPOTrainer
+
+    torch.set_num_threads(os.cpu_count())
+    model = transformers.LlamaForCausalLM.from_pretrained(args.ckpt, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(args.ckpt)
+    tok.pad_token = tok.pad_token or "<|finetune_right_pad_id|>"
+    pairs = json.load(open(os.path.join(args.ckpt, "pairs.json")))
+    ds = datasets.Dataset.from_list(pairs[:args.steps * args.pairs])
+    times: list[float] = []
+
+    class Timer(transformers.TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        config = DPOConfig(output_dir=out, per_device_train_batch_size=args.pairs, max_steps=args.steps,
+                           learning_rate=1e-5, beta=0.1, loss_type=["sigmoid"], precompute_ref_log_probs=True,
+                           max_length=1024, report_to=[], save_strategy="no", logging_strategy="no",
+                           use_cpu=True, dataloader_num_workers=0, seed=0)
+        trainer = DPOTrainer(model=model, args=config, train_dataset=ds, processing_class=tok)
+        trainer.add_callback(Timer())
+        trainer.train()
+    import trl
+    return {"step_s": statistics.median(times[2:]), "first_s": times[0], "version": trl.__version__}
+
+
+def _child(kind: str, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--ckpt", args.ckpt, "--steps",
+           str(args.steps), "--pairs", str(args.pairs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{kind} worker failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--pairs", type=int, default=8, help="pairs per step")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--worker", choices=["jax", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps((worker_jax if args.worker == "jax" else worker_trl)(args)))
+        return 0
+    if args.steps < 3:
+        raise SystemExit("--steps must be >= 3 (the first two are warm-up)")
+
+    import torch
+    import transformers
+
+    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+
+    with tempfile.TemporaryDirectory() as d:
+        args.ckpt = d
+        tok = load_tokenizer(bundled_llama3_tokenizer_dir())
+        torch.manual_seed(0)
+        hf_cfg = transformers.LlamaConfig(
+            vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
+            num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+            num_key_value_heads=max(1, args.hidden // 128), max_position_embeddings=2048, tie_word_embeddings=False,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        transformers.LlamaForCausalLM(hf_cfg).save_pretrained(d)
+        tok.save_pretrained(d)
+        with open(os.path.join(d, "pairs.json"), "w") as fh:
+            json.dump(_pairs(args.steps * args.pairs), fh)
+        ours = _child("jax", args)
+        trl = _child("trl", args)
+    print(f"shape: Llama d{args.hidden} L{args.layers} V{hf_cfg.vocab_size}, {args.pairs} pairs/step "
+          f"(~{ours['tokens_per_step']} tokens), f32, {os.cpu_count()} cores; jax {ours['version']}, "
+          f"trl {trl['version']}, torch {torch.__version__}")
+    print(f"sweet_jax: {ours['step_s'] * 1e3:8.0f} ms/step (first step incl. compile {ours['first_s']:.1f} s)")
+    print(f"TRL      : {trl['step_s'] * 1e3:8.0f} ms/step (first step {trl['first_s']:.1f} s)")
+    print(f"ratio sweet_jax / TRL: {trl['step_s'] / ours['step_s']:.2f}x faster (target >= 3x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The offline trainer end to end, through `python -m sweet_jax.train` (tiny model, synthetic data)."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A few-second critic job: 40 synthetic tasks, accumulation over 2 micro-batches, a checkpoint every 2 steps.
+SMALL = [
+    "--config.data.synthetic.num_tasks=40", "--config.data.eval_fraction=0.2", "--config.train.epochs=2",
+    "--config.optim.batch_size=4", "--config.optim.micro_batch_size=2", "--config.train.checkpoint_every=2",
+    "--config.train.eval_every=0", "--config.train.log_every=1", "--config.train.export_dtype=float32",
+    "--config.model.preset_overrides.num_layers=1",
+]
+
+
+def _cmd(config, out, *extra):
+    return [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", config),
+            f"--config.train.output_dir={out}", *SMALL, *extra]
+
+
+def _run(config, out, *extra, timeout=600):
+    return subprocess.run(_cmd(config, out, *extra), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _hf_tensors(run_dir):
+    return safetensors.numpy.load_file(os.path.join(run_dir, "hf", "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_gives_identical_params(tmp_path):
+    ref = _run("critic_tiny.py", tmp_path / "uninterrupted")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    total = json.loads((tmp_path / "uninterrupted" / "metrics.json").read_text())["steps"]
+    assert total >= 10
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd("critic_tiny.py", out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    killed_at = None
+    while time.time() < deadline and proc.poll() is None:
+        steps = [int(os.path.basename(p)) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
+        if steps and max(steps) >= 4:
+            proc.send_signal(signal.SIGKILL)
+            killed_at = max(steps)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert killed_at is not None and killed_at < total, "the job finished before it could be killed"
+    assert not (out / "metrics.json").exists()
+
+    resumed = _run("critic_tiny.py", out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    a, b = _hf_tensors(tmp_path / "uninterrupted"), _hf_tensors(out)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, extra", [
+    ("policy_tiny.py", ["--config.data.synthetic.num_tasks=12"]),
+    ("critic_tiny.py", ["--config.data.kind=rft", "--config.objective=sft"]),
+    ("critic_tiny.py", ["--config.loss.reference=recompute", "--config.loss.reduction=turn_mean_sum",
+                        "--config.data.score_span=assistant", "--config.loss.nll_coef=0.01"]),
+])
+def test_objectives_train_and_export(tmp_path, config, extra):
+    proc = _run(config, tmp_path / "run", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["steps"] > 0 and all(np.isfinite(v) for v in result["held_out"].values())
+    assert (tmp_path / "run" / "hf" / "config.json").exists()
+    assert (tmp_path / "run" / "hf" / "tokenizer.json").exists()
+    assert glob.glob(str(tmp_path / "run" / "tb" / "events.out.tfevents.*"))
+
+
+def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task": {}, "dialogue_history": [{"role": "user", "content": "hi"}], "reward": 1}\n')
+    proc = _run("critic_tiny.py", tmp_path / "run", f"--config.data.path={bad}", timeout=300)
+    assert proc.returncode == 2
+    assert f"{bad}:1: field 'dialogue_history[0].role'" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_missing_model_says_what_to_download(tmp_path):
+    proc = _run("critic_8b.py", tmp_path / "run", f"--config.model.hf_path={tmp_path / 'nope'}", timeout=300)
+    assert proc.returncode == 2
+    assert "meta-llama/Llama-3.1-8B-Instruct" in proc.stderr and "--config.model.hf_path" in proc.stderr
