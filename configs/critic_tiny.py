@@ -6,13 +6,17 @@ before the conversation and learns to prefer trajectories whose final answer mat
 Learning rate and beta are tiny-model settings, not the 8B recipe's.
 """
 
+import ml_collections
+
 from sweet_jax.training.defaults import base_config
 
 
 def get_config():
     c = base_config()
     c.objective = "critic"
-    c.model.preset = "tiny"
+    c.model.preset = "tiny"  # random init; the vocabulary is the Llama-3 tokenizer's
+    c.model.preset_overrides = ml_collections.ConfigDict(dict(hidden_size=64, intermediate_size=176, num_layers=2,
+                                                              num_heads=4, num_kv_heads=2))
     c.model.init_std = 0.02
     c.data.kind = "trajectory_pairs"
     c.data.with_info = True

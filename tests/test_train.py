@@ -49,7 +49,8 @@ def test_kill_9_then_resume_gives_identical_params(tmp_path):
     deadline = time.time() + 600
     killed_at = None
     while time.time() < deadline and proc.poll() is None:
-        steps = [int(os.path.basename(p)) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
+        names = [os.path.basename(p) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
+        steps = [int(n) for n in names if n.isdigit()]  # committed checkpoints, not Orbax's temp dirs
         if steps and max(steps) >= 4:
             proc.send_signal(signal.SIGKILL)
             killed_at = max(steps)
@@ -97,6 +98,8 @@ def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
 
 
 def test_missing_model_says_what_to_download(tmp_path):
-    proc = _run("critic_8b.py", tmp_path / "run", f"--config.model.hf_path={tmp_path / 'nope'}", timeout=300)
+    cmd = [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", "critic_8b.py"),
+           f"--config.train.output_dir={tmp_path / 'run'}", f"--config.model.hf_path={tmp_path / 'nope'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "meta-llama/Llama-3.1-8B-Instruct" in proc.stderr and "--config.model.hf_path" in proc.stderr
