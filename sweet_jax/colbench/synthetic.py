@@ -26,6 +26,7 @@ SYSTEM_PROMPT = (
     "hidden details before writing code. When you are ready, start your message with I WANT TO ANSWER: and give "
     "only the raw Python function."
 )
+SHORT_SYSTEM_PROMPT = "Ask about hidden details, then answer with I WANT TO ANSWER: and the code."
 OPS = {"*": ("scales a number", "multiply it"), "+": ("shifts a number", "add to it"),
        "-": ("lowers a number", "subtract from it")}
 NAMES = ("adjust", "convert", "rescale", "update", "transform", "compute_value", "apply_rule", "get_amount",
@@ -57,17 +58,21 @@ def make_task(rng: random.Random, num_constants: int = len(CONSTANTS)) -> dict:
     }
 
 
-def rollout(task: dict, rng: random.Random, p_correct: float) -> dict:
-    """One scripted collaboration, in the official trajectory layout, scored by the real scoring rules."""
+def rollout(task: dict, rng: random.Random, p_correct: float, compact: bool = False) -> dict:
+    """One scripted collaboration, in the official trajectory layout, scored by the real scoring rules.
+
+    compact: a one-line system prompt and no date header (shorter sequences for tiny-model runs).
+    """
     code = task["ground_truth"]
     name = code.split("(")[0][4:]
     op, c = code.rsplit(" ", 2)[-2], int(code.rsplit(" ", 1)[-1])
     history: list[dict] = [{"role": "user", "content": task["problem_description"]}]
 
     def agent(text: str):
-        prompt = render_text([{"role": "system", "content": SYSTEM_PROMPT}] +
+        system = SHORT_SYSTEM_PROMPT if compact else SYSTEM_PROMPT
+        prompt = render_text([{"role": "system", "content": system}] +
                              [{"role": m["role"], "content": m["content"]} for m in history],
-                             add_generation_prompt=True)
+                             add_generation_prompt=True, date_header=not compact)
         history.append({"role": "assistant", "content": text, "input": prompt, "output": text})
 
     agent(rng.choice(QUESTIONS))
@@ -83,17 +88,17 @@ def rollout(task: dict, rng: random.Random, p_correct: float) -> dict:
 
 
 def make_dataset(num_tasks: int, rollouts: int = 3, p_correct: float = 0.5, seed: int = 0,
-                 num_constants: int = len(CONSTANTS)) -> list[dict]:
+                 num_constants: int = len(CONSTANTS), compact: bool = False) -> list[dict]:
     """num_tasks x rollouts records, block layout: record j * num_tasks + i is rollout j of task i."""
     rng = random.Random(seed)
     tasks = [make_task(rng, num_constants) for _ in range(num_tasks)]
-    return [rollout(t, rng, p_correct) for _ in range(rollouts) for t in tasks]
+    return [rollout(t, rng, p_correct, compact) for _ in range(rollouts) for t in tasks]
 
 
 def write_dataset(path: str | os.PathLike, num_tasks: int, rollouts: int = 3, p_correct: float = 0.5,
-                  seed: int = 0, num_constants: int = len(CONSTANTS)) -> str:
+                  seed: int = 0, num_constants: int = len(CONSTANTS), compact: bool = False) -> str:
     """Write (atomically) a synthetic trajectory JSONL file and return its path."""
-    return write_jsonl(path, make_dataset(num_tasks, rollouts, p_correct, seed, num_constants))
+    return write_jsonl(path, make_dataset(num_tasks, rollouts, p_correct, seed, num_constants, compact))
 
 
 def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> list[dict]:

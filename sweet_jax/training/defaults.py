@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.kind = "trajectory_pairs"  # trajectory_pairs | ranked_pairs | rft
     c.data.path = ""  # jsonl / parquet / hub name; empty: synthetic data generated on first use
     c.data.synthetic = ml_collections.ConfigDict(dict(num_tasks=400, rollouts=3, p_correct=0.5, seed=0,
-                                                          num_constants=20))
+                                                          num_constants=20, compact=False))
     c.data.with_info = False  # prefix the training-time information (the critic)
     c.data.info_key = "ground_truth"
     c.data.mask_style = "content"  # content | official (also the "\n\n" after each assistant header)

@@ -41,13 +41,14 @@ def resolve_path(data_cfg, run_dir: str) -> str:
     kind = "ranked" if data_cfg.kind == "ranked_pairs" else "trajectories"
     s = data_cfg.synthetic
     path = os.path.join(run_dir, "data",
-                        f"SYNTHETIC_{kind}_{s.num_tasks}tasks_{s.num_constants}consts_seed{s.seed}.jsonl")
+                        f"SYNTHETIC_{kind}_{s.num_tasks}tasks_{s.num_constants}consts_"
+                        f"{'compact' if s.compact else 'full'}_seed{s.seed}.jsonl")
     if not os.path.exists(path):
         log.info("generating synthetic %s data (not ColBench) at %s", kind, path)
         if kind == "ranked":
             synthetic.write_jsonl(path, synthetic.make_ranked_records(s.num_tasks, seed=s.seed))
         else:
-            synthetic.write_dataset(path, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants)
+            synthetic.write_dataset(path, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
     return path
 
 

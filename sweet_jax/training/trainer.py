@@ -159,7 +159,8 @@ def run(cfg) -> dict:
     if batch % micro:
         raise SetupError(f"optim.batch_size={batch} must be a multiple of optim.micro_batch_size={micro}")
     accumulation = batch // micro
-    steps_per_epoch = len(train.items) // micro
+    # Like the official dataloader, drop the last partial batch of each epoch, so updates never mix epochs.
+    steps_per_epoch = (len(train.items) // batch) * accumulation
     total_steps = cfg.train.epochs * steps_per_epoch
     if total_steps // accumulation < 1:
         raise SetupError(f"{len(train.items)} training items make no full batch of {batch}; add data or reduce "
