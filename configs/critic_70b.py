@@ -1,15 +1,7 @@
-"""The SWEET critic recipe on Llama-3.1-70B-Instruct (Table 4 setting); see critic_8b.py."""
+"""The critic_8b recipe on Llama-3.1-70B-Instruct (Table 4 setting); see critic_8b.py."""
 
-import importlib.util
-import os
+from sweet_jax.training.defaults import derived_from, to_70b
 
 
 def get_config():
-    spec = importlib.util.spec_from_file_location("critic_8b", os.path.join(os.path.dirname(__file__), "critic_8b.py"))
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    c = base.get_config()
-    c.model.hf_path = "checkpoints/Llama-3.1-70B-Instruct"
-    c.model.remat_policy = "full"
-    c.train.output_dir = "runs/critic_70b"
-    return c
+    return to_70b(derived_from(__file__, "critic_8b.py"), "critic_70b")

@@ -6,30 +6,19 @@ beta * (mean assistant-token log-prob - the frozen initial critic's). Table 5: l
 Point --config.model.hf_path and --config.data.path at your local copies.
 """
 
-from sweet_jax.training.defaults import base_config
+from sweet_jax.training.defaults import recipe_8b
 
 
 def get_config():
-    c = base_config()
-    c.objective = "critic"
-    c.model.hf_path = "checkpoints/Llama-3.1-8B-Instruct"
-    c.model.compute_dtype = "bfloat16"  # f32 master weights, bf16 compute
-    c.model.remat_policy = "dots_no_batch"
+    c = recipe_8b("critic")
     c.data.kind = "trajectory_pairs"
-    c.data.path = "data/colbench_code_offline_15k_llama8b.jsonl"
     c.data.with_info = True
-    c.data.mask_style = "official"  # header "\n\n" + content + eot of every assistant turn, as the official code
     c.data.score_span = "assistant"
     c.data.max_len = 8192
     c.loss.beta = 0.1
     c.loss.nll_coef = 0.01
     c.loss.nll_span = "score"
-    c.loss.reduction = "trajectory_mean"  # official code; the paper's Eq. 2/3: "turn_mean_sum"
-    c.optim.lr = 2e-7
-    c.optim.batch_size = 8
-    c.optim.micro_batch_size = 1
+    c.loss.reduction = "trajectory_mean"  # the official code; the paper's Eq. 2/3 is "turn_mean_sum"
     c.train.epochs = 4
     c.train.output_dir = "runs/critic_8b"
-    c.train.checkpoint_every = 200
-    c.train.eval_every = 200
     return c

@@ -6,15 +6,11 @@ term of 0.01 on the token-mean over the entire chosen sequence. Table 5: lr 2e-7
 max_len 16384. --config.data.path: the ranked file from the ranking step.
 """
 
-from sweet_jax.training.defaults import base_config
+from sweet_jax.training.defaults import recipe_8b
 
 
 def get_config():
-    c = base_config()
-    c.objective = "dpo"
-    c.model.hf_path = "checkpoints/Llama-3.1-8B-Instruct"
-    c.model.compute_dtype = "bfloat16"
-    c.model.remat_policy = "dots_no_batch"
+    c = recipe_8b("dpo")
     c.data.kind = "ranked_pairs"
     c.data.path = "data/colbench_ranked.jsonl"
     c.data.num_pairs = 4
@@ -24,11 +20,6 @@ def get_config():
     c.loss.nll_coef = 0.01
     c.loss.nll_span = "all"
     c.loss.reduction = "sum"
-    c.optim.lr = 2e-7
-    c.optim.batch_size = 8
-    c.optim.micro_batch_size = 1
     c.train.epochs = 1
     c.train.output_dir = "runs/policy_8b"
-    c.train.checkpoint_every = 200
-    c.train.eval_every = 200
     return c

@@ -75,3 +75,41 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.export_hf = True
     c.train.export_dtype = "bfloat16"
     return c
+
+
+def recipe_8b(objective: str) -> ml_collections.ConfigDict:
+    """What every Llama-3.1-8B-Instruct recipe of the paper shares (Table 5, spec section 4.1): lr 2e-7, batch 8 of
+    micro-batch 1, bf16 compute over f32 master weights, the official multi-turn mask."""
+    c = base_config()
+    c.objective = objective
+    c.model.hf_path = "checkpoints/Llama-3.1-8B-Instruct"
+    c.model.compute_dtype = "bfloat16"
+    c.model.remat_policy = "dots_no_batch"
+    c.data.path = "data/colbench_code_offline_15k_llama8b.jsonl"
+    c.data.mask_style = "official"  # header "\n\n" + content + eot of every assistant turn, as the official code
+    c.optim.lr = 2e-7
+    c.optim.batch_size = 8
+    c.optim.micro_batch_size = 1
+    c.train.checkpoint_every = 200
+    c.train.eval_every = 200
+    return c
+
+
+def derived_from(config_file: str, sibling: str) -> ml_collections.ConfigDict:
+    """Load `get_config()` of another config file in the same directory (e.g. a 70B variant of an 8B recipe)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(config_file)), sibling)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(sibling)[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def to_70b(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """The same recipe on Llama-3.1-70B-Instruct (Table 4), with full rematerialisation."""
+    c.model.hf_path = "checkpoints/Llama-3.1-70B-Instruct"
+    c.model.remat_policy = "full"
+    c.train.output_dir = f"runs/{name}"
+    return c
