@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from sweet_jax.chat import ASSISTANT, EOT, Llama31ChatFormat
+from sweet_jax.chat import ASSISTANT, EOT, ROLE_IDS, Llama31ChatFormat
 from sweet_jax.data.trajectories import DataError, Trajectory
 
 INFO_TEMPLATE = "In light that the final answer is: {info}."
@@ -99,7 +99,7 @@ class ExampleBuilder:
         keep = np.ones(len(ids), bool)
         final = seg.turns[-1]
         droppable = [m for m in np.unique(seg.turns) if m >= 0 and m != final
-                     and seg.roles[np.argmax(seg.turns == m)] != 1]  # 1 = system
+                     and seg.roles[np.argmax(seg.turns == m)] != ROLE_IDS["system"]]
         for m in droppable:
             keep &= seg.turns != m
             if keep.sum() <= self.max_len:
