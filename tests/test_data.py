@@ -79,6 +79,11 @@ def test_bad_records_name_file_line_and_field(tmp_path, bad, message):
     assert str(e.value).startswith(f"{f}:2:") and message in str(e.value)
 
 
+def test_missing_file_says_what_to_download(tmp_path):
+    with pytest.raises(DataError, match="file not found.*facebook/collaborative_agent_bench.*--config.data.path"):
+        next(read_trajectories(str(tmp_path / "colbench.jsonl")))
+
+
 def test_skip_mode_counts_bad_records(tmp_path):
     f = _write(tmp_path / "t.jsonl", [_traj(), "{oops", _traj(0.0), {"task": 1}])
     stats = ReadStats()

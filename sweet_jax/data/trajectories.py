@@ -115,6 +115,10 @@ def _rows(path: str, streaming: bool, split: str) -> Iterator[tuple[str, Any]]:
             yield f"{path}:row {i}", row
     elif local:
         raise DataError(f"{path}: unsupported file type (expected .jsonl, .json or .parquet)")
+    elif path.endswith((".jsonl", ".json", ".parquet")):
+        raise DataError(f"{path}: file not found. The official offline trajectories are "
+                        f"colbench_code_offline_15k_llama8b.jsonl in the HF dataset facebook/collaborative_agent_bench; "
+                        f"download it and set --config.data.path to the local file")
     else:
         try:
             ds = datasets.load_dataset(path, split=split, streaming=streaming)

@@ -62,7 +62,8 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
     builder = ExampleBuilder(tokenizer, data_cfg.max_len, with_info=data_cfg.with_info, info_key=data_cfg.info_key,
                              mask_style=data_cfg.mask_style, score_span=data_cfg.score_span)
 
-    def guarded(make, source):
+    def guarded(make):
+        """make() an example; a DataError propagates, or is counted and skipped with on_error='skip'."""
         try:
             ex = make()
         except DataError as e:
@@ -86,8 +87,8 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
         for group in groups:
             items = []
             for p in group:
-                c = guarded(lambda: builder.from_text(p.prompt, p.chosen, p.source), p.source)
-                r = guarded(lambda: builder.from_text(p.prompt, p.rejected, p.source), p.source)
+                c = guarded(lambda: builder.from_text(p.prompt, p.chosen, p.source))
+                r = guarded(lambda: builder.from_text(p.prompt, p.rejected, p.source))
                 if c is not None and r is not None:
                     items.append((c, r))
             splits.append(Split(items, paired=True))
@@ -103,13 +104,13 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
     parts = {True: [], False: []}
     if data_cfg.kind == "trajectory_pairs":
         for p in pairs_lib.preference_pairs(trajectories, data_cfg.min_best_reward):
-            c = guarded(lambda: builder.from_trajectory(p.chosen), p.chosen.source)
-            r = guarded(lambda: builder.from_trajectory(p.rejected), p.rejected.source)
+            c = guarded(lambda: builder.from_trajectory(p.chosen))
+            r = guarded(lambda: builder.from_trajectory(p.rejected))
             if c is not None and r is not None:
                 parts[p.chosen.task_key in held_out].append((c, r))
     else:
         for t in pairs_lib.rft_set(trajectories, data_cfg.min_best_reward):
-            ex = guarded(lambda: builder.from_trajectory(t), t.source)
+            ex = guarded(lambda: builder.from_trajectory(t))
             if ex is not None:
                 parts[t.task_key in held_out].append(ex)
     paired = data_cfg.kind != "rft"
