@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+from common import run_worker
 
 
 def _pairs(n: int) -> list[dict]:
@@ -107,13 +107,8 @@ def worker_trl(args) -> dict:
 
 
 def _child(kind: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--ckpt", args.ckpt, "--steps",
-           str(args.steps), "--pairs", str(args.pairs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{kind} worker failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(os.path.abspath(__file__), kind, "--ckpt", args.ckpt, "--steps", str(args.steps), "--pairs",
+                      str(args.pairs))
 
 
 def main(argv=None) -> int:

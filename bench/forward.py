@@ -17,21 +17,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from common import run_worker, timed
 
 SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=2)
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def scoring_flops(cfg, batch: int, seq: int) -> float:
@@ -47,7 +40,7 @@ def worker_peak(args) -> dict:
     n = 2048
     a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
     a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(args.repeats * 2))
+    best = min(timed(lambda: a @ b) for _ in range(args.repeats * 2))
     return {"gflops": 2 * n**3 / best / 1e9}
 
 
@@ -63,8 +56,8 @@ def worker_jax(args) -> dict:
     tokens = jnp.asarray(np.load(os.path.join(args.ckpt, "tokens.npy")))
     chunk = {} if args.chunk is None else {"chunk": args.chunk}
     score = jax.jit(lambda p, t: token_logprobs(p, cfg, t, **chunk))
-    compile_s = _timed(lambda: score(params, tokens).block_until_ready())
-    times = [_timed(lambda: score(params, tokens).block_until_ready()) for _ in range(args.repeats)]
+    compile_s = timed(lambda: score(params, tokens).block_until_ready())
+    times = [timed(lambda: score(params, tokens).block_until_ready()) for _ in range(args.repeats)]
     np.save(os.path.join(args.ckpt, "jax_out.npy"), np.asarray(score(params, tokens))[:, 1:])
     return {"median_s": statistics.median(times), "compile_s": compile_s, "version": jax.__version__}
 
@@ -84,7 +77,7 @@ def worker_hf(args) -> dict:
             return lp.gather(-1, ids[:, 1:, None])[..., 0]
 
     out = score()
-    times = [_timed(score) for _ in range(args.repeats)]
+    times = [timed(score) for _ in range(args.repeats)]
     np.save(os.path.join(args.ckpt, "hf_out.npy"), out.numpy())
     return {"median_s": statistics.median(times), "version": torch.__version__,
             "attn": model.config._attn_implementation}
@@ -94,13 +87,8 @@ WORKERS = {"peak": worker_peak, "jax": worker_jax, "hf": worker_hf}
 
 
 def _run_worker(kind: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--ckpt", args.ckpt,
-           "--repeats", str(args.repeats)] + ([] if args.chunk is None else ["--chunk", str(args.chunk)])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"{kind} worker failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    extra = [] if args.chunk is None else ["--chunk", str(args.chunk)]
+    return run_worker(os.path.abspath(__file__), kind, "--ckpt", args.ckpt, "--repeats", str(args.repeats), *extra)
 
 
 def make_checkpoint(out_dir: str, batch: int, seq: int) -> None:

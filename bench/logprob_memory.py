@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 
 import numpy as np
+from common import run_worker
 
 VOCAB = 128_256
 TINY = dict(hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -63,12 +63,7 @@ def worker_hf(seq: int) -> dict:
 
 
 def _child(kind: str, seq: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--seq", str(seq)], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"{kind} worker failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, kind, "--seq", str(seq))
 
 
 def main(argv=None) -> int:
