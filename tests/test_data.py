@@ -175,6 +175,15 @@ def test_preference_pairs_follow_the_official_selection():
     assert [t.source for t in pairs.rft_set(trajs)] == ["a:1.0", "c:1.0", "c:1.0", "a:1.0"]
 
 
+def test_rollouts_are_grouped_by_the_whole_task_record():
+    """Two tasks with the same description but different hidden information are different tasks."""
+    a, b = _traj(1.0, problem="same"), _traj(0.0, problem="same")
+    b["task"] = {**b["task"], "ground_truth": "def f(x):\n    return x * 11"}
+    trajs = [validate_record(r, f"x:{i}") for i, r in enumerate([a, b])]
+    assert len(pairs.group_rollouts(trajs)) == 2
+    assert pairs.preference_pairs(trajs) == []  # no task has both a success and a failure
+
+
 def test_ranked_pairs_take_upper_half_vs_lower_half():
     rec = {"input": "p", "additional_outputs": [f"o{i}" for i in range(16)], "judge_result": list(range(16))}
     ps = pairs.ranked_candidate_pairs([rec] * 50, num_pairs=4, seed=0)

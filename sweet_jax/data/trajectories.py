@@ -13,6 +13,8 @@ with `on_error="skip"`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -37,10 +39,11 @@ class Trajectory:
     def last_turn(self) -> dict:
         return self.dialogue[-1]
 
-    @property
+    @functools.cached_property
     def task_key(self) -> str:
-        """Identity of the task (rollouts of one task share it)."""
-        return self.task.get("problem_description") or json.dumps(self.task, sort_keys=True)
+        """Identity of the task: every rollout carries the whole task record unchanged, so the record itself is the
+        key (two tasks may share a problem description and differ in their hidden information)."""
+        return hashlib.sha256(json.dumps(self.task, sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass
