@@ -98,6 +98,17 @@ def _fingerprint(split: pipeline.Split, model_cfg: models.LlamaConfig, cfg) -> s
     return h.hexdigest()[:16]
 
 
+def score_pairs(score_fn, params, split: pipeline.Split, batcher: Batcher, batch_size: int, desc: str | None = None):
+    """[n_pairs, 2] sequence scores (chosen, rejected) of every pair in `split`."""
+    n = len(split.items)
+    out = np.zeros((n, 2), np.float32)
+    for start in tqdm(range(0, n, batch_size), desc=desc, disable=None if desc else True):
+        idx = np.arange(start, min(start + batch_size, n))
+        s = np.asarray(score_fn(params, batcher(split, idx, None)))
+        out[idx, 0], out[idx, 1] = s[:len(idx)], s[len(idx):]
+    return out
+
+
 def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, batcher: Batcher, run_dir: str):
     """[n_pairs, 2] frozen-reference scores (chosen, rejected), cached on disk per dataset and initial model."""
     n = len(split.items)
@@ -108,12 +119,7 @@ def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, 
     if os.path.exists(path):
         return np.load(path)
     score = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk)
-    bs = cfg.train.eval_batch_size
-    out = np.zeros((n, 2), np.float32)
-    for start in tqdm(range(0, n, bs), desc=f"reference scores ({name})", disable=None):
-        idx = np.arange(start, min(start + bs, n))
-        s = np.asarray(score(params0, batcher(split, idx, None)))
-        out[idx, 0], out[idx, 1] = s[:len(idx)], s[len(idx):]
+    out = score_pairs(score, params0, split, batcher, cfg.train.eval_batch_size, f"reference scores ({name})")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}.npy"
     np.save(tmp, out)
@@ -212,14 +218,11 @@ def run(cfg) -> dict:
         return b
 
     def held_out_metrics(params):
-        ref = ref_eval
-        if recompute and held_out.items:
-            ref = np.zeros((len(held_out.items), 2), np.float32)
-            for s0 in range(0, len(held_out.items), cfg.train.eval_batch_size):
-                idx = np.arange(s0, min(s0 + cfg.train.eval_batch_size, len(held_out.items)))
-                sc = np.asarray(score_fn(frozen, batcher(held_out, idx, None)))
-                ref[idx, 0], ref[idx, 1] = sc[:len(idx)], sc[len(idx):]
-        return evaluate(eval_step, params, held_out, ref, batcher, cfg.train.eval_batch_size)
+        nonlocal ref_eval
+        if recompute and ref_eval is None and held_out.items:
+            # The frozen reference never changes: its held-out scores are computed once, in memory.
+            ref_eval = score_pairs(score_fn, frozen, held_out, batcher, cfg.train.eval_batch_size)
+        return evaluate(eval_step, params, held_out, ref_eval, batcher, cfg.train.eval_batch_size)
 
     history = []
     bar = tqdm(total=total_steps, initial=start, desc=f"train {cfg.objective}", disable=None, dynamic_ncols=True)
