@@ -5,6 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# System packages: bubblewrap for the ColBench evaluator's sandbox.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        echo "[setup] installing bubblewrap (apt)"
+        $SUDO apt-get install -y -qq bubblewrap >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null; }
+    else
+        echo "[setup] warning: bubblewrap (bwrap) not found and no apt-get; the ColBench evaluator needs it" >&2
+    fi
+fi
+
 PY=${PYTHON:-python3}
 VENV=${SWEET_JAX_VENV:-.venv}
 STAMP="$VENV/.sweet_jax_installed"

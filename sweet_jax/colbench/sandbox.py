@@ -1,0 +1,169 @@
+"""Run untrusted Python in a bubblewrap sandbox, one process per piece of code. Imports no JAX.
+
+Each run is `bwrap ... python sandbox_worker.py` with:
+- its own user (uid/gid 65534, every capability dropped), PID, IPC, UTS, cgroup and network namespaces: no network
+  (only a loopback with nothing listening), no view of other processes, and every process it spawns dies with it;
+- a read-only view of the filesystem, a private writable scratch `/tmp` (a size-limited tmpfs, also the working
+  directory and HOME), and the paths in `hide` (the evaluator's input and output files, say) masked;
+- an environment with no secrets (PATH, HOME, single-threaded BLAS and a fixed PYTHONHASHSEED only);
+- hard rlimits on address space, CPU time, open files, file size and processes, set before the code runs;
+- a wall-clock watchdog: a test whose result does not arrive within its timeout plus a grace period gets its whole
+  process group killed, scores as failed, and the remaining tests continue in a fresh sandbox.
+
+Results come back as plain data on a pipe (see `sandbox_worker`); stdout and stderr of the code go to /dev/null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
+MAX_LINE = 16 * 1024 * 1024
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    as_bytes: int = 2 << 30  # address space
+    cpu_s: int = 60  # CPU seconds for the whole process
+    nofile: int = 64
+    fsize: int = 16 << 20  # largest file the code may write
+    nproc: int = 0  # 0: derived (processes of this user now + 32), since RLIMIT_NPROC counts the real user's
+    scratch_bytes: int = 64 << 20  # the /tmp tmpfs
+    hash_seed: int = 0  # PYTHONHASHSEED, the same for ground truth and answer: set and dict-of-str orders agree, as
+    # they do when the reference runs both in one process
+    grace_s: float = 2.0  # watchdog slack over the per-test timeout
+    startup_s: float = 10.0  # time allowed for the sandbox and interpreter to start
+
+
+def _bwrap() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install it (Debian/Ubuntu: "
+                                 "`apt-get install bubblewrap`) - the evaluator never runs model code unsandboxed")
+    return path
+
+
+def _user_processes() -> int:
+    uid, n = os.getuid(), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                n += os.stat(f"/proc/{pid}").st_uid == uid
+            except OSError:
+                pass
+    return n
+
+
+def command(limits: Limits, hide: tuple[str, ...] = ()) -> list[str]:
+    cmd = [_bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+           "--uid", "65534", "--gid", "65534",
+           "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+           "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--chdir", "/tmp"]
+    for path in hide:
+        path = os.path.abspath(path)
+        if os.path.isdir(path):
+            cmd += ["--tmpfs", path]
+        elif os.path.exists(path):
+            cmd += ["--ro-bind", "/dev/null", path]
+    # Not -I: that would ignore PYTHONHASHSEED. The environment is ours entirely (ENV), so -s -P is enough.
+    return cmd + [sys.executable, "-s", "-B", "-P", WORKER]
+
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1",
+       "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run_code(code: str, calls: list[str], *, namespace: str = "official", timeout: float | None = 1.0,
+             limits: Limits = Limits(), hide: tuple[str, ...] = (), hard_timeout: float | None = None) -> list:
+    """The encoded result (see `sandbox_worker.encode`) of each call, or None where it raised, timed out, or the
+    sandbox died or was killed. `hard_timeout`: the watchdog's per-test limit when `timeout` is None (no SIGALRM,
+    as the reference runs ground truths)."""
+    per_test = (timeout if timeout else (hard_timeout or 30.0)) + limits.grace_s
+    nproc = limits.nproc or _user_processes() + 32
+    lim = dict(as_bytes=limits.as_bytes, cpu_s=limits.cpu_s, nofile=limits.nofile, fsize=limits.fsize, nproc=nproc)
+    results: list = [None] * len(calls)
+    start = 0
+    while start < len(calls):
+        read_fd, write_fd = os.pipe()
+        job = json.dumps({"code": code, "calls": calls, "start": start, "namespace": namespace, "timeout": timeout,
+                          "limits": lim, "fd": write_fd})
+        try:
+            proc = subprocess.Popen(command(limits, hide), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env={**ENV, "PYTHONHASHSEED": str(limits.hash_seed)},
+                                    start_new_session=True,
+                                    pass_fds=(write_fd,))
+        finally:
+            os.close(write_fd)
+        start = _collect(proc, job, read_fd, results, start, per_test, limits.startup_s)
+    return results
+
+
+def _collect(proc, job: str, read_fd: int, results: list, start: int, per_test: float, startup: float) -> int:
+    """Read result lines until the worker finishes or the watchdog fires; return the next test to run."""
+    try:
+        try:
+            proc.stdin.write(job.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        buf = b""
+        expected = start
+        ready_seen = False
+        deadline = time.monotonic() + startup
+        while expected < len(results):
+            left = deadline - time.monotonic()
+            ready = select.select([read_fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:  # watchdog: this test hangs (an ignored SIGALRM, a C-level loop, a blocked syscall)
+                _kill(proc)
+                return expected + 1
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:  # the sandbox exited (os._exit, a kill, a crash, an rlimit): this test failed
+                _kill(proc)
+                return expected + 1
+            buf += chunk
+            if len(buf) > MAX_LINE and b"\n" not in buf:
+                _kill(proc)
+                return expected + 1
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not ready_seen:  # the worker is up and limited; from now on each test has per_test seconds
+                    ready_seen = line == b"ready"
+                    if not ready_seen:
+                        _kill(proc)
+                        return expected + 1
+                    deadline = time.monotonic() + per_test
+                    continue
+                index, _, payload = line.partition(b"\t")
+                if index.decode(errors="replace") != str(expected):
+                    _kill(proc)  # out of order or forged: whatever the code claims, this test failed
+                    return expected + 1
+                try:
+                    results[expected] = json.loads(payload)
+                except ValueError:
+                    results[expected] = None
+                expected += 1
+                deadline = time.monotonic() + per_test
+        _kill(proc)
+        return expected
+    finally:
+        os.close(read_fd)

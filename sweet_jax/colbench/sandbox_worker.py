@@ -1,0 +1,266 @@
+"""The process that runs one piece of untrusted code inside the sandbox, and the plain-data codec for its results.
+
+Run as a standalone script (`python -s -P sandbox_worker.py`, no package imports, so it starts fast) by
+`colbench.sandbox`. It reads one JSON job from stdin:
+
+    {"code": str, "calls": [str, ...], "start": int, "namespace": "official" | "clean", "timeout": float | null,
+     "limits": {"as_bytes": int, "cpu_s": int, "nofile": int, "fsize": int, "nproc": int}}
+
+sets hard resource limits on itself, writes `ready`, then for each call from `start` on runs the code afresh and evaluates the call
+(the official per-test semantics, SIGALRM timeout included) and writes one line `"<index>\\t<encoded value>\\n"` to
+the pipe whose fd number the job names (`"fd"`). Exceptions and timeouts are encoded as null (the official `None`).
+
+The worker reports values, never verdicts: the evaluator compares them outside the sandbox, after `decode` rebuilt
+them from plain builtin, numpy, datetime and decimal types. So nothing the untrusted code defines (a class with an
+always-true `__eq__`, a subclass of int, a poisoned builtin) reaches the comparison, and code that forges its own
+result lines only claims values it could have returned anyway.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime
+import decimal
+import fractions
+import json
+import os
+import signal
+import sys
+
+MAX_NODES = 200_000  # values bigger than this (or deeper than MAX_DEPTH) are "too large": the test fails
+MAX_CHARS = 4_000_000
+MAX_DEPTH = 100
+
+
+class TooLarge(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------ codec
+def encode(value):
+    """A JSON-able tagged tree of `value`, built with the base types' own methods (overrides are never called)."""
+    budget = [MAX_NODES, MAX_CHARS]
+
+    def enc(x, depth):
+        budget[0] -= 1
+        if budget[0] < 0 or depth > MAX_DEPTH:
+            raise TooLarge()
+        t = type(x)
+        if x is None or t is bool:
+            return x
+        if isinstance(x, bool):  # unreachable (bool cannot be subclassed); kept for clarity
+            return bool(x)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            if isinstance(x, np.ndarray):
+                arr = np.asarray(x)
+                if arr.dtype.kind in "biufc":
+                    budget[0] -= arr.size
+                    if budget[0] < 0:
+                        raise TooLarge()
+                    flat = [enc(v, depth + 1) for v in arr.ravel().tolist()]
+                    return ["ndarray", arr.dtype.str, list(arr.shape), flat]
+                if arr.dtype.kind in "OUS":
+                    return ["ndarray", "O" if arr.dtype.kind == "O" else arr.dtype.str, list(arr.shape),
+                            [enc(v, depth + 1) for v in arr.ravel().tolist()]]
+                return ["opaque", f"numpy.ndarray[{arr.dtype.str}]"]
+            if isinstance(x, np.generic):
+                if x.dtype.kind in "biufc":
+                    return ["npscalar", x.dtype.str, enc(x.item(), depth + 1)]
+                return ["opaque", f"numpy.{t.__name__}"]
+        if isinstance(x, int):
+            return ["int", int.__repr__(int.__add__(x, 0))]
+        if isinstance(x, float):
+            return ["float", float.__repr__(float.__add__(x, 0.0))]
+        if isinstance(x, complex):
+            c = complex.__add__(x, 0j)
+            return ["complex", float.__repr__(c.real), float.__repr__(c.imag)]
+        if isinstance(x, str):
+            s = str.__getitem__(x, slice(None))
+            budget[1] -= len(s)
+            if budget[1] < 0:
+                raise TooLarge()
+            return ["str", s]
+        if isinstance(x, (bytes, bytearray)):
+            b = bytes(bytes.__getitem__(x, slice(None))) if isinstance(x, bytes) else bytes(bytearray.copy(x))
+            budget[1] -= 2 * len(b)
+            if budget[1] < 0:
+                raise TooLarge()
+            return ["bytes" if isinstance(x, bytes) else "bytearray", b.hex()]
+        if isinstance(x, list):
+            return ["list", [enc(v, depth + 1) for v in list.__iter__(x)]]
+        if isinstance(x, tuple):
+            return ["tuple", [enc(v, depth + 1) for v in tuple.__iter__(x)]]
+        if isinstance(x, dict):
+            return ["dict", [[enc(k, depth + 1), enc(v, depth + 1)] for k, v in dict.items(x)]]
+        if isinstance(x, frozenset):
+            return ["frozenset", [enc(v, depth + 1) for v in frozenset.__iter__(x)]]
+        if isinstance(x, set):
+            return ["set", [enc(v, depth + 1) for v in set.__iter__(x)]]
+        if isinstance(x, range):
+            return ["range", range.start.__get__(x), range.stop.__get__(x), range.step.__get__(x)]
+        # datetime before date: datetime subclasses date.
+        if isinstance(x, datetime.datetime) and x.tzinfo is None:
+            return ["datetime", datetime.datetime.isoformat(x)]
+        if isinstance(x, datetime.date) and not isinstance(x, datetime.datetime):
+            return ["date", datetime.date.isoformat(x)]
+        if isinstance(x, datetime.time) and x.tzinfo is None:
+            return ["time", datetime.time.isoformat(x)]
+        if isinstance(x, datetime.timedelta):
+            return ["timedelta", x.days, x.seconds, x.microseconds]
+        if isinstance(x, decimal.Decimal):
+            return ["decimal", decimal.Decimal.__str__(x)]
+        if isinstance(x, fractions.Fraction):
+            return ["fraction", str(int(x.numerator)), str(int(x.denominator))]
+        if isinstance(x, type):
+            mod, name = type.__getattribute__(x, "__module__"), type.__getattribute__(x, "__qualname__")
+            # Only a class importable by name is the same object on both sides; an exec-defined class never is.
+            if isinstance(mod, str) and isinstance(name, str) and _resolve_type(mod, name) is x:
+                return ["type", mod, name]
+        return ["opaque", f"{type(x).__module__}.{type(x).__qualname__}"]
+
+    return enc(value, 0)
+
+
+def _resolve_type(module: str, qualname: str):
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    return obj
+
+
+class Opaque:
+    """A value the codec does not carry (an exec-defined object, a generator, ...): equal to nothing, like the
+    official comparison of two distinct objects with identity equality."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __eq__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return f"<opaque {self.name}>"
+
+
+def decode(tree):
+    """Rebuild a value from `encode`'s tree. Uses only builtin, numpy, datetime, decimal and fractions types."""
+    if tree is None or isinstance(tree, bool):
+        return tree
+    tag = tree[0]
+    if tag == "int":
+        return int(tree[1])
+    if tag == "float":
+        return float(tree[1])
+    if tag == "complex":
+        return complex(float(tree[1]), float(tree[2]))
+    if tag == "str":
+        return tree[1]
+    if tag in ("bytes", "bytearray"):
+        b = bytes.fromhex(tree[1])
+        return b if tag == "bytes" else bytearray(b)
+    if tag == "list":
+        return [decode(v) for v in tree[1]]
+    if tag == "tuple":
+        return tuple(decode(v) for v in tree[1])
+    if tag == "dict":
+        return {_hashable(decode(k)): decode(v) for k, v in tree[1]}
+    if tag == "set":
+        return {_hashable(decode(v)) for v in tree[1]}
+    if tag == "frozenset":
+        return frozenset(_hashable(decode(v)) for v in tree[1])
+    if tag == "range":
+        return range(tree[1], tree[2], tree[3])
+    if tag in ("ndarray", "npscalar"):
+        import numpy as np
+        if tag == "npscalar":
+            return np.dtype(tree[1]).type(decode(tree[2]))
+        values = [decode(v) for v in tree[3]]
+        arr = np.empty(len(values), dtype=object if tree[1] == "O" else np.dtype(tree[1]))
+        for i, v in enumerate(values):
+            arr[i] = v
+        return arr.reshape(tree[2])
+    if tag == "datetime":
+        return datetime.datetime.fromisoformat(tree[1])
+    if tag == "date":
+        return datetime.date.fromisoformat(tree[1])
+    if tag == "time":
+        return datetime.time.fromisoformat(tree[1])
+    if tag == "timedelta":
+        return datetime.timedelta(days=tree[1], seconds=tree[2], microseconds=tree[3])
+    if tag == "decimal":
+        return decimal.Decimal(tree[1])
+    if tag == "fraction":
+        return fractions.Fraction(int(tree[1]), int(tree[2]))
+    if tag == "type":
+        __import__(tree[1])
+        return _resolve_type(tree[1], tree[2])
+    if tag == "opaque":
+        return Opaque(tree[1])
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _hashable(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return Opaque(f"unhashable {type(v).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------ the worker
+class _Timeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _set_limits(limits: dict) -> None:
+    import resource
+    for name, key in (("RLIMIT_AS", "as_bytes"), ("RLIMIT_CPU", "cpu_s"), ("RLIMIT_NOFILE", "nofile"),
+                      ("RLIMIT_FSIZE", "fsize"), ("RLIMIT_NPROC", "nproc"), ("RLIMIT_CORE", None)):
+        value = 0 if key is None else limits.get(key)
+        if value is not None:
+            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+
+
+def _run_one(code: str, call: str, namespace: str, timeout):
+    g = {"__builtins__": builtins}
+    local = {} if namespace == "official" else g
+    if timeout:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        exec(code, g, local)  # noqa: S102 - running it is the point; the sandbox contains it
+        result = eval(call, g, local)  # noqa: S307
+        return encode(result)
+    except BaseException:  # noqa: BLE001 - like the reference: any failure, timeout included, is None
+        return None
+    finally:
+        if timeout:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    out = os.fdopen(job["fd"], "w", buffering=1)
+    _set_limits(job.get("limits", {}))
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
+    out.write("ready\n")
+    for i in range(job.get("start", 0), len(job["calls"])):
+        try:
+            value = _run_one(job["code"], job["calls"][i], job.get("namespace", "official"), job.get("timeout"))
+            line = json.dumps(value, allow_nan=False)
+        except BaseException:  # noqa: BLE001 - an unencodable or poisoned result is a failed test
+            line = "null"
+        out.write(f"{i}\t{line}\n")
+
+
+if __name__ == "__main__":
+    main()
