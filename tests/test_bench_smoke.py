@@ -39,3 +39,15 @@ def test_dpo_step_benchmark_runs():
          "1", "--pairs", "2"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"ratio sweet_jax / TRL: [\d.]+x faster", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")),
+                    reason="ColBench test set not at ../shared/colbench")
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed")
+def test_backend_eval_benchmark_runs():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "backend_eval.py"), "--tasks", "20"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"ratio sandboxed / in-process: [\d.]+x", proc.stdout), proc.stdout
+    assert "records whose reward differs: []" in proc.stdout, proc.stdout
