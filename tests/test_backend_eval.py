@@ -294,3 +294,11 @@ def test_ground_truth_ceiling_matches_official_scoring(tmp_path):
             continue
         official = score_answer(r["answer"], r["task"]["ground_truth"], r["task"]["test_cases"])
         assert r["reward"] == official.reward, (i, r["tests"])
+
+
+def test_colbench_and_the_evaluator_import_no_jax():
+    code = ("import sys, sweet_jax.colbench.backend_eval, sweet_jax.colbench.synthetic, sweet_jax.evaluate; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax')]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
