@@ -47,15 +47,17 @@ def main() -> None:
         with open(out) as fh:
             ours = [json.loads(ln)["reward"] for ln in fh]
 
-    stdout, devnull = sys.stdout, open(os.devnull, "w")
-    sys.stdout = devnull  # some ground truths print
-    try:
-        t0 = time.perf_counter()
-        official = [score_answer(r["answer"], r["task"]["ground_truth"], r["task"]["test_cases"]).reward
-                    for r in records]
-        in_process = time.perf_counter() - t0
-    finally:
-        sys.stdout = stdout
+        stdout, devnull, cwd = sys.stdout, open(os.devnull, "w"), os.getcwd()
+        sys.stdout = devnull  # some ground truths print, and some write files (sqlite dbs) into the working directory
+        os.chdir(tmp)
+        try:
+            t0 = time.perf_counter()
+            official = [score_answer(r["answer"], r["task"]["ground_truth"], r["task"]["test_cases"]).reward
+                        for r in records]
+            in_process = time.perf_counter() - t0
+        finally:
+            sys.stdout = stdout
+            os.chdir(cwd)
     differ = [i for i, (a, b) in enumerate(zip(ours, official)) if a != b]
     print(f"tasks: {len(records)}, tests: {n_tests}, workers: {args.workers}")
     print(f"sandboxed evaluator: {sandboxed:.1f} s (success rate {summary['success_rate']:.3f}, "

@@ -281,7 +281,8 @@ def test_cli_reports_bad_input(tmp_path):
 @needs_bwrap
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(BACKEND), reason="ColBench test set not at ../shared/colbench")
-def test_ground_truth_ceiling_matches_official_scoring(tmp_path):
+def test_ground_truth_ceiling_matches_official_scoring(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the in-process official scoring runs ground truths that write files (sqlite dbs)
     tasks = [json.loads(ln) for ln in open(BACKEND)]
     inp, out = tmp_path / "gt.jsonl", tmp_path / "scored.jsonl"
     inp.write_text("".join(json.dumps({"task": t, "answer": fenced(t["ground_truth"])}) + "\n" for t in tasks))
