@@ -303,3 +303,14 @@ def test_colbench_and_the_evaluator_import_no_jax():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@needs_bwrap
+def test_sandbox_runs_a_worker_that_lives_under_tmp(tmp_path, monkeypatch):
+    """A checkout under /tmp (as in CI) stays visible although the sandbox's scratch tmpfs covers /tmp."""
+    assert str(tmp_path).startswith("/tmp/")
+    worker = tmp_path / "checkout" / "sandbox_worker.py"
+    worker.parent.mkdir()
+    worker.write_text(open(sandbox.WORKER).read())
+    monkeypatch.setattr(sandbox, "WORKER", str(worker))
+    assert sandbox.run_code("def f(x):\n    return x + 1", ["f(1)"]) == [["int", "2"]]

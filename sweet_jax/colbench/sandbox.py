@@ -66,11 +66,22 @@ def _user_processes() -> int:
     return n
 
 
+def _runtime_paths() -> list[str]:
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(WORKER)}
+    paths |= {os.path.dirname(os.path.realpath(p)) for p in sys.path if p.endswith("site-packages")}
+    return sorted(os.path.abspath(p) for p in paths)
+
+
 def command(limits: Limits, hide: tuple[str, ...] = ()) -> list[str]:
     cmd = [_bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
            "--uid", "65534", "--gid", "65534",
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
            "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--chdir", "/tmp"]
+    # The scratch tmpfs covers the host's /tmp; the interpreter, its environment and the worker stay visible even when
+    # they live there (a checkout or virtualenv under /tmp, as in CI).
+    for path in _runtime_paths():
+        if any(path == m or path.startswith(m + "/") for m in ("/tmp", "/dev/shm")):
+            cmd += ["--ro-bind", path, path]
     for path in hide:
         path = os.path.abspath(path)
         if os.path.isdir(path):
