@@ -30,7 +30,8 @@ import threading
 from sweet_jax.colbench import sandbox
 from sweet_jax.colbench.sandbox_worker import decode
 from sweet_jax.colbench.scoring import extract_code, vetoed
-from sweet_jax.data.trajectories import DataError
+from sweet_jax.colbench.synthetic import write_jsonl
+from sweet_jax.data.trajectories import DataError, task_key
 
 SEMANTICS = {"reference": "official", "clean": "clean"}
 TEST_TIMEOUT_S = 1.0
@@ -74,7 +75,8 @@ class BackendEvaluator:
         if semantics not in SEMANTICS:
             raise ValueError(f"semantics must be one of {tuple(SEMANTICS)}, got {semantics!r}")
         self.namespace = SEMANTICS[semantics]
-        self.limits = limits
+        # Resolve the derived process limit once, not per sandbox launch.
+        self.limits = limits if limits.nproc else dataclasses.replace(limits, nproc=sandbox.user_processes() + 32)
         self.hide = tuple(hide)
         self._gt: dict[str, list] = {}
         self._lock = threading.Lock()
@@ -101,10 +103,6 @@ class BackendEvaluator:
 
 
 # ------------------------------------------------------------------------------------------------ files
-def task_key(task: dict) -> str:
-    return hashlib.sha256(json.dumps(task, sort_keys=True).encode()).hexdigest()
-
-
 def parse_record(line: str, where: str) -> dict:
     """A record with a backend `task` (ground_truth, test_cases) and a string `answer`; DataError names the field."""
     try:
@@ -165,7 +163,7 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a line cut by a kill: that record is simply scored again
     os.makedirs(os.path.dirname(os.path.abspath(output_path)) or ".", exist_ok=True)
-    _write_jsonl(partial, [{"line": n, "record": r} for n, r in sorted(done.items())])  # drop any torn line
+    write_jsonl(partial, [{"line": n, "record": r} for n, r in sorted(done.items())])  # drop any torn line
     hide = (os.path.abspath(input_path), os.path.abspath(partial), os.path.abspath(output_path))
     evaluator = BackendEvaluator(semantics, limits, hide)
     todo = [n for n in records if n not in done]
@@ -190,14 +188,7 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
                 bar.set_postfix(success=f"{successes / len(done):.3f}")
     bar.close()
     final = [done[n] for n in sorted(done)]
-    _write_jsonl(output_path, final)
+    write_jsonl(output_path, final)
     os.remove(partial)
     return summarize(final)
 
-
-def _write_jsonl(path: str, records: list[dict]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)

@@ -55,7 +55,7 @@ def _bwrap() -> str:
     return path
 
 
-def _user_processes() -> int:
+def user_processes() -> int:
     uid, n = os.getuid(), 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -110,7 +110,7 @@ def run_code(code: str, calls: list[str], *, namespace: str = "official", timeou
     sandbox died or was killed. `hard_timeout`: the watchdog's per-test limit when `timeout` is None (no SIGALRM,
     as the reference runs ground truths)."""
     per_test = (timeout if timeout else (hard_timeout or 30.0)) + limits.grace_s
-    nproc = limits.nproc or _user_processes() + 32
+    nproc = limits.nproc or user_processes() + 32
     lim = dict(as_bytes=limits.as_bytes, cpu_s=limits.cpu_s, nofile=limits.nofile, fsize=limits.fsize, nproc=nproc)
     results: list = [None] * len(calls)
     start = 0

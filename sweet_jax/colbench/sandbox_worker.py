@@ -48,8 +48,6 @@ def encode(value):
         t = type(x)
         if x is None or t is bool:
             return x
-        if isinstance(x, bool):  # unreachable (bool cannot be subclassed); kept for clarity
-            return bool(x)
         np = sys.modules.get("numpy")
         if np is not None:
             if isinstance(x, np.ndarray):

@@ -41,9 +41,13 @@ class Trajectory:
 
     @functools.cached_property
     def task_key(self) -> str:
-        """Identity of the task: every rollout carries the whole task record unchanged, so the record itself is the
-        key (two tasks may share a problem description and differ in their hidden information)."""
-        return hashlib.sha256(json.dumps(self.task, sort_keys=True).encode()).hexdigest()
+        return task_key(self.task)
+
+
+def task_key(task: dict) -> str:
+    """Identity of a task: every rollout carries the whole task record unchanged, so the record itself is the key (two
+    tasks may share a problem description and differ in their hidden information)."""
+    return hashlib.sha256(json.dumps(task, sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass
