@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -234,6 +237,45 @@ def test_hostile_answers_fail_and_contain(tmp_path, monkeypatch):
         server.close()
     survivors = subprocess.run(["pgrep", "-f", "98765[34]"], capture_output=True, text=True).stdout.split()
     assert survivors == [], f"processes outlived their sandbox: {survivors}"
+
+
+def _count_processes() -> int:
+    return sum(name.isdigit() for name in os.listdir("/proc"))
+
+
+@needs_bwrap
+def test_fork_bomb_cannot_fill_the_process_table():
+    """RLIMIT_NPROC does not bind uid 0, so a root evaluator (CI) relies on the seccomp filter: the bomb must not
+    create processes, while threads keep working and honest code still scores."""
+    baseline, peak, done = _count_processes(), [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _count_processes())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        bomb = sandbox.run_code("def add(a, b):\n    o = __import__('os')\n    while True:\n        o.fork()",
+                                ["add(1, 2)"] * 2)
+        fork = sandbox.run_code("def f():\n    try:\n        __import__('os').fork()\n    except OSError as e:\n"
+                                "        return e.errno", ["f()"])
+        spawn = sandbox.run_code("def f():\n    return __import__('subprocess').run(['true']).returncode", ["f()"])
+        threads = sandbox.run_code(textwrap.dedent("""
+            def f(n):
+                from concurrent.futures import ThreadPoolExecutor
+                with ThreadPoolExecutor(4) as pool:
+                    return sum(pool.map(lambda x: x * x, range(n)))"""), ["f(10)"])
+    finally:
+        done.set()
+        watcher.join()
+    assert bomb == [None, None]
+    assert decode(fork[0]) == errno.EAGAIN
+    assert spawn == [None]
+    assert decode(threads[0]) == 285
+    # a sandbox is bwrap, its namespace init and the worker; two workers' worth of slack for the test runner
+    assert peak[0] - baseline < 16, f"{peak[0] - baseline} processes appeared during the fork bomb"
 
 
 # ------------------------------------------------------------------------------------------------ files

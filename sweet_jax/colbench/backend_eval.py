@@ -78,6 +78,7 @@ class BackendEvaluator:
         # Resolve the derived process limit once, not per sandbox launch.
         self.limits = limits if limits.nproc else dataclasses.replace(limits, nproc=sandbox.user_processes() + 32)
         self.hide = tuple(hide)
+        sandbox.check(self.limits)
         self._gt: dict[str, list] = {}
         self._lock = threading.Lock()
 

@@ -7,6 +7,8 @@ Each run is `bwrap ... python sandbox_worker.py` with:
   directory and HOME), and the paths in `hide` (the evaluator's input and output files, say) masked;
 - an environment with no secrets (PATH, HOME, single-threaded BLAS and a fixed PYTHONHASHSEED only);
 - hard rlimits on address space, CPU time, open files, file size and processes, set before the code runs;
+- a seccomp filter that refuses to create processes (threads still work): RLIMIT_NPROC does not bind uid 0, so
+  without it a fork bomb run by a root evaluator (a CI container) fills the host's process table;
 - a wall-clock watchdog: a test whose result does not arrive within its timeout plus a grace period gets its whole
   process group killed, scores as failed, and the remaining tests continue in a fresh sandbox.
 
@@ -16,14 +18,19 @@ Results come back as plain data on a pipe (see `sandbox_worker`); stdout and std
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import json
 import os
+import platform
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
+
+from sweet_jax.colbench.sandbox_worker import decode
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 MAX_LINE = 16 * 1024 * 1024
@@ -45,6 +52,7 @@ class Limits:
     # they do when the reference runs both in one process
     grace_s: float = 2.0  # watchdog slack over the per-test timeout
     startup_s: float = 10.0  # time allowed for the sandbox and interpreter to start
+    processes: bool = False  # let the code create processes (bounded by nproc alone)
 
 
 def _bwrap() -> str:
@@ -53,6 +61,18 @@ def _bwrap() -> str:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install it (Debian/Ubuntu: "
                                  "`apt-get install bubblewrap`) - the evaluator never runs model code unsandboxed")
     return path
+
+
+def _no_fork(limits: Limits) -> bool:
+    """Whether the worker installs its process-creation filter (sandbox_worker._SECCOMP_ARCH lists the machines)."""
+    if limits.processes:
+        return False
+    if platform.machine() in ("x86_64", "aarch64"):
+        return True
+    if os.geteuid() == 0:
+        raise SandboxUnavailable(f"no process-creation filter for {platform.machine()}, and RLIMIT_NPROC does not "
+                                 "bind root: run the evaluator as a non-root user")
+    return False  # RLIMIT_NPROC binds a non-root user
 
 
 def user_processes() -> int:
@@ -117,16 +137,46 @@ def run_code(code: str, calls: list[str], *, namespace: str = "official", timeou
     while start < len(calls):
         read_fd, write_fd = os.pipe()
         job = json.dumps({"code": code, "calls": calls, "start": start, "namespace": namespace, "timeout": timeout,
-                          "limits": lim, "fd": write_fd})
+                          "limits": lim, "no_fork": _no_fork(limits), "fd": write_fd})
         try:
-            proc = subprocess.Popen(command(limits, hide), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, env={**ENV, "PYTHONHASHSEED": str(limits.hash_seed)},
-                                    start_new_session=True,
-                                    pass_fds=(write_fd,))
+            proc = _spawn(command(limits, hide), {**ENV, "PYTHONHASHSEED": str(limits.hash_seed)}, write_fd)
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         start = _collect(proc, job, read_fd, results, start, per_test, limits.startup_s)
     return results
+
+
+def _spawn(cmd: list[str], env: dict, fd: int, tries: int = 5) -> subprocess.Popen:
+    """Popen, retrying a host that is briefly out of processes or memory (EAGAIN, ENOMEM) with backoff."""
+    for attempt in range(tries):
+        try:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, pass_fds=(fd,))
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ENOMEM) or attempt == tries - 1:
+                raise
+            time.sleep(0.25 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+@functools.lru_cache(maxsize=None)
+def check(limits: Limits = Limits()) -> None:
+    """Raise SandboxUnavailable unless a sandbox starts here and runs code (once per process and limits): without
+    this, a host where bubblewrap cannot create namespaces would score every answer as failed."""
+    got = run_code("def f():\n    return 6 * 7", ["f()"], limits=limits)
+    if got[0] is not None and decode(got[0]) == 42:
+        return
+    cmd = command(limits)
+    probe = subprocess.run(cmd[:cmd.index(sys.executable)] + ["/bin/true"], capture_output=True, text=True,
+                           env=ENV, timeout=30)
+    raise SandboxUnavailable("the bubblewrap sandbox does not start here"
+                             + (f": {probe.stderr.strip()}" if probe.stderr.strip() else
+                                " (bwrap starts, but the worker does not run)")
+                             + "; user namespaces must be allowed (kernel.unprivileged_userns_clone, AppArmor's "
+                               "restrict_unprivileged_userns, or a container's seccomp profile may block them)")
 
 
 def _collect(proc, job: str, read_fd: int, results: list, start: int, per_test: float, startup: float) -> int:

@@ -4,9 +4,10 @@ Run as a standalone script (`python -s -P sandbox_worker.py`, no package imports
 `colbench.sandbox`. It reads one JSON job from stdin:
 
     {"code": str, "calls": [str, ...], "start": int, "namespace": "official" | "clean", "timeout": float | null,
-     "limits": {"as_bytes": int, "cpu_s": int, "nofile": int, "fsize": int, "nproc": int}}
+     "limits": {"as_bytes": int, "cpu_s": int, "nofile": int, "fsize": int, "nproc": int}, "no_fork": bool}
 
-sets hard resource limits on itself, writes `ready`, then for each call from `start` on runs the code afresh and evaluates the call
+sets hard resource limits on itself, with `no_fork` installs a seccomp filter that refuses to create processes
+(threads still work), writes `ready`, then for each call from `start` on runs the code afresh and evaluates the call
 (the official per-test semantics, SIGALRM timeout included) and writes one line `"<index>\\t<encoded value>\\n"` to
 the pipe whose fd number the job names (`"fd"`). Exceptions and timeouts are encoded as null (the official `None`).
 
@@ -228,6 +229,52 @@ def _set_limits(limits: dict) -> None:
             resource.setrlimit(getattr(resource, name), (int(value), int(value)))
 
 
+# seccomp (linux/seccomp.h, linux/filter.h). RLIMIT_NPROC alone does not stop a fork bomb when the evaluator runs as
+# root: the kernel exempts uid 0 from it, and inside the sandbox the code is still uid 0 to the kernel.
+_SECCOMP_ARCH = {  # machine: (AUDIT_ARCH, {syscall: errno}, clone, clone3)
+    "x86_64": (0xC000003E, {57: 11, 58: 11}, 56, 435),  # fork, vfork -> EAGAIN
+    "aarch64": (0xC00000B7, {}, 220, 435),
+}
+_RET_ALLOW, _RET_ERRNO, _RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
+_CLONE_THREAD, _EAGAIN, _ENOSYS = 0x00010000, 11, 38
+
+
+def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """A classic-BPF filter: process-creating fork/vfork/clone fail with EAGAIN, clone3 with ENOSYS (glibc then falls
+    back to clone, so threads still start), x32 and foreign-ABI syscalls kill the process, all else is allowed."""
+    arch, errnos, clone, clone3 = _SECCOMP_ARCH[machine]
+    ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, _RET_KILL), (ld, 0, 0, 0)]
+    if machine == "x86_64":
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, _RET_KILL)]  # the x32 ABI
+    for nr, err in errnos.items():
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, _RET_ERRNO | err)]
+    prog += [(jeq, 0, 1, clone3), (ret, 0, 0, _RET_ERRNO | _ENOSYS),
+             (jeq, 0, 3, clone), (ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD),  # args[0], the flags (low word)
+             (ret, 0, 0, _RET_ERRNO | _EAGAIN), (ret, 0, 0, _RET_ALLOW)]
+    return prog
+
+
+def _forbid_processes() -> None:
+    import ctypes
+    import platform
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    insns = _seccomp_program(platform.machine())
+    array = (Filter * len(insns))(*[Filter(*i) for i in insns])
+    prog = Prog(len(insns), array)
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) or \
+            libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(prog), 0, 0):
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
 def _run_one(code: str, call: str, namespace: str, timeout):
     g = {"__builtins__": builtins}
     local = {} if namespace == "official" else g
@@ -249,6 +296,8 @@ def main() -> None:
     job = json.loads(sys.stdin.read())
     out = os.fdopen(job["fd"], "w", buffering=1)
     _set_limits(job.get("limits", {}))
+    if job.get("no_fork"):
+        _forbid_processes()  # before `ready`: a worker that cannot install it never runs code
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
     out.write("ready\n")
     for i in range(job.get("start", 0), len(job["calls"])):
