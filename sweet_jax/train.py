@@ -35,5 +35,18 @@ def main(argv):
     return 0
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, with a one-line error (no traceback) for a bad override such as a misspelt config key."""
+    try:
+        return FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+        msg = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
+        if isinstance(e, AttributeError):  # ml_collections: "'key'\nDid you mean ...", wrapped in a repr
+            msg = msg.strip("'").replace("\\n", " ").replace("\\'", "'")
+        msg = " ".join(msg.split())
+        print(f"error: bad command line: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

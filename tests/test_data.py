@@ -198,7 +198,8 @@ def test_ranked_pairs_take_upper_half_vs_lower_half():
 
 # ----------------------------------------------------------------------------------- batching
 def test_buckets_and_collate(tok):
-    assert default_buckets(1000, 128) == (128, 256, 512, 1000)
+    assert default_buckets(1000, 128) == (128, 192, 256, 384, 512, 768, 1000)
+    assert default_buckets(512, 32) == (32, 48, 64, 96, 128, 192, 256, 384, 512)
     assert bucket_length(129, (128, 256)) == 256
     b = ExampleBuilder(tok, 1024)
     exs = [b.from_trajectory(validate_record(_traj(turns=k), "x")) for k in (1, 3)]

@@ -34,3 +34,40 @@ def test_accumulation_applies_one_update_per_k_micro_steps():
     # Updates land every 4th micro step; the first is exactly zero because warmup starts at lr 0.
     assert changes == [False] * 7 + [True]
     assert int(state.gradient_step) == 2 and int(state.mini_step) == 0
+
+
+def _tiny_step_inputs():
+    import jax
+
+    from sweet_jax import models
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1,
+                                    num_heads=2, num_kv_heads=1, tie_word_embeddings=True)
+    params = models.init_params(cfg, jax.random.key(0), std=0.1)
+    tokens = np.asarray(jax.random.randint(jax.random.key(1), (2, 8), 0, 64), np.int32)
+    batch = {"tokens": tokens, "positions": np.tile(np.arange(8, dtype=np.int32), (2, 1)),
+             "segment_ids": np.ones((2, 8), np.int32), "gather_pos": np.tile(np.arange(1, 8, dtype=np.int32), (2, 1)),
+             "gather_score": np.ones((2, 7), bool), "gather_nll": np.ones((2, 7), bool),
+             "gather_turn": np.zeros((2, 7), np.int32)}
+    return cfg, params, batch
+
+
+def test_freeze_keeps_named_params_fixed_and_out_of_the_optimiser():
+    import jax
+    import pytest
+
+    from sweet_jax.training import objective as obj
+    cfg, params, batch = _tiny_step_inputs()
+    tx = optax.adam(1e-2)
+    for freeze in ((), ("embed",)):
+        trainable = obj.split_params(params, freeze)[0]
+        step = obj.make_train_step(tx, freeze, objective="sft", model_cfg=cfg, loss_cfg=None, chunk=4)
+        state = {"params": jax.tree.map(jnp.copy, params), "opt_state": tx.init(trainable),
+                 "step": jnp.zeros((), jnp.int32)}
+        state, _ = step(state, batch)
+        embed_moved = not np.array_equal(np.asarray(state["params"]["embed"]), np.asarray(params["embed"]))
+        assert embed_moved == (freeze == ())
+        assert not np.array_equal(np.asarray(state["params"]["layers"]["wq"]), np.asarray(params["layers"]["wq"]))
+        shapes = {tuple(x.shape) for x in jax.tree.leaves(state["opt_state"])}
+        assert ((64, 16) in shapes) == (freeze == ())
+    with pytest.raises(ValueError, match="lm_head"):
+        obj.split_params(params, ("lm_head",))

@@ -103,3 +103,11 @@ def test_missing_model_says_what_to_download(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "meta-llama/Llama-3.1-8B-Instruct" in proc.stderr and "--config.model.hf_path" in proc.stderr
+
+
+def test_misspelt_override_is_one_clear_line(tmp_path):
+    proc = _run("critic_tiny.py", tmp_path / "run", "--config.optim.lrr=1e-6", timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "error: bad command line: 'lrr' Did you mean \"lr\"" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -10,10 +10,11 @@ from sweet_jax.data.examples import Example
 
 
 def default_buckets(max_len: int, smallest: int = 128) -> tuple[int, ...]:
-    """Powers of two from `smallest` up to (and always including) max_len."""
+    """`smallest` times powers of two and, between them, 1.5x steps (so padding is at most a third of a batch), up to
+    and always including max_len."""
     out, n = [], smallest
     while n < max_len:
-        out.append(n)
+        out += [n, n * 3 // 2] if n * 3 // 2 < max_len else [n]
         n *= 2
     return tuple(out) + (max_len,)
 

@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.min_lr_ratio = 0.1
     c.optim.batch_size = 8
     c.optim.micro_batch_size = 1
+    c.optim.freeze = ""  # comma-separated top-level parameters that stay fixed (no gradient, no Adam state): "embed"
 
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 1

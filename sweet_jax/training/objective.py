@@ -49,14 +49,26 @@ def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, 
     return loss.mean(), jax.tree.map(jnp.mean, metrics)
 
 
-def make_train_step(tx: optax.GradientTransformation, **loss_kw):
-    grad_fn = jax.value_and_grad(functools.partial(loss_fn, **loss_kw), has_aux=True)
+def split_params(params: dict, freeze: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """(trainable, frozen): the top-level entries named in `freeze` (e.g. "embed", which with tied embeddings is the
+    LM head too) get no gradient and no optimiser state."""
+    unknown = sorted(set(freeze) - set(params))
+    if unknown:
+        raise ValueError(f"optim.freeze names {unknown}, but the parameters are {sorted(params)}")
+    return ({k: v for k, v in params.items() if k not in freeze}, {k: v for k, v in params.items() if k in freeze})
+
+
+def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = (), **loss_kw):
+    """state {params, opt_state (of the trainable part, see `split_params`), step} -> (state, metrics)."""
+    loss = functools.partial(loss_fn, **loss_kw)
+    grad_fn = jax.value_and_grad(lambda trainable, frozen, batch: loss({**trainable, **frozen}, batch), has_aux=True)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state, batch):
-        (_, metrics), grads = grad_fn(state["params"], batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
+        trainable, frozen = split_params(state["params"], freeze)
+        (_, metrics), grads = grad_fn(trainable, frozen, batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], trainable)
+        params = {**frozen, **optax.apply_updates(trainable, updates)}
         metrics["grad_norm"] = optax.global_norm(grads)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 

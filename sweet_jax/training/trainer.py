@@ -74,7 +74,7 @@ def _atomic_json(path: str, obj_) -> None:
 class Batcher:
     def __init__(self, cfg, pad_id: int):
         self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
-        self.gather_buckets = default_buckets(cfg.data.max_len, 32)
+        self.gather_buckets = default_buckets(cfg.data.max_len, 16)
         self.pad_id = pad_id
         self.nll_span = cfg.loss.nll_span
 
@@ -186,12 +186,17 @@ def run(cfg) -> dict:
         ref_eval = reference_scores("eval", held_out, params0, model_cfg, cfg, batcher, run_dir)
 
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
-    train_step = obj.make_train_step(tx, **loss_kw)
+    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
+    train_step = obj.make_train_step(tx, freeze, **loss_kw)
     eval_step = obj.make_eval_step(**loss_kw)
     score_fn = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk) if recompute else None
     frozen = jax.tree.map(jnp.copy, params0) if recompute else None
 
-    state = {"params": params0, "opt_state": tx.init(params0), "step": jnp.zeros((), jnp.int32)}
+    try:
+        trainable0 = obj.split_params(params0, freeze)[0]
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    state = {"params": params0, "opt_state": tx.init(trainable0), "step": jnp.zeros((), jnp.int32)}
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(
         max_to_keep=cfg.train.keep_checkpoints, enable_async_checkpointing=True, create=True))
