@@ -111,3 +111,31 @@ def test_misspelt_override_is_one_clear_line(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "error: bad command line: 'lrr' Did you mean \"lr\"" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
+    mesh_args = ["--config.optim.batch_size=4", "--config.optim.micro_batch_size=4", "--config.train.eval_batch_size=3",
+                 "--config.optim.lr=1e-4"]  # 3-pair eval batches: padded to the 4 batch shards
+    one = _run("critic_tiny.py", tmp_path / "one", *mesh_args)
+    assert one.returncode == 0, one.stderr[-3000:]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    eight = subprocess.run(_cmd("critic_tiny.py", tmp_path / "eight", *mesh_args, "--config.mesh.data=2",
+                                "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
+                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert eight.returncode == 0, eight.stderr[-3000:]
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} on 8 cpu device(s)" in eight.stderr
+    a = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "eight" / "metrics.json").read_text())
+    assert a["steps"] == b["steps"] > 0
+    for k in ("loss", "accuracy", "margin", "chosen_reward"):
+        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
+    ta, tb = _hf_tensors(tmp_path / "one"), _hf_tensors(tmp_path / "eight")
+    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+
+    bad = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)  # fsdp=-1: 8 batch shards
+    assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of the mesh's batch shards" \
+        in bad.stderr, bad.stderr[-2000:]
+    few = _run("critic_tiny.py", tmp_path / "few", "--config.mesh.fsdp=4", timeout=300)
+    assert few.returncode == 2 and "mesh {'data': 1, 'fsdp': 4, 'tensor': 1} needs 4 devices, have 1" in few.stderr

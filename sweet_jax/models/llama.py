@@ -168,7 +168,10 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
     """
     positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids)
     dt = jnp.dtype(cfg.compute_dtype)
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    # Gather rows from the table all-gathered over its hidden dimension (as FSDP gathers every weight before use):
+    # a lookup into a hidden-sharded table has no efficient partitioning.
+    table = constrain(params["embed"], ("vocab", "act_embed"))
+    x = jnp.take(table, tokens, axis=0).astype(dt)
     x = constrain(x, ("batch", "seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
 

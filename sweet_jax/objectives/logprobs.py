@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.llama import Params, forward_hidden, lm_head_weight
+from sweet_jax.sharding import constrain
 
 DEFAULT_CHUNK = 512
 
@@ -19,25 +20,28 @@ def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp
                          chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
     """log softmax(hidden @ lm_head)[target] in float32.
 
-    hidden [B, T, D], lm_head [D, V], targets int [B, T] -> [B, T]. Tokens are processed `chunk` at a time.
+    hidden [B, T, D], lm_head [D, V], targets int [B, T] -> [B, T]. About `chunk` tokens are processed at a time.
     """
     b, t, d = hidden.shape
-    n = b * t
-    chunk = max(1, min(chunk, n))
-    pad = -n % chunk
-    h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(-1, chunk, d)
-    y = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
-    w = lm_head.astype(hidden.dtype)
+    # Chunks run along the sequence, `chunk // B` positions of every row at a time, so the batch dimension (sharded
+    # over data/fsdp on a mesh) is never merged into the chunk dimension; at least one position per row.
+    c = max(1, min(t, chunk // b))
+    pad = -t % c
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, d).swapaxes(0, 1)  # [n, B, c, D]
+    y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)
+    # All-gathered over the hidden dimension before use, as FSDP does with every weight.
+    w = constrain(lm_head.astype(hidden.dtype), ("act_embed", "vocab"))
 
     @jax.checkpoint
     def one(args):
         hc, yc = args
-        logits = jnp.dot(hc, w, preferred_element_type=jnp.float32)
-        picked = jnp.take_along_axis(logits, yc[:, None], axis=-1)[:, 0]
+        hc = constrain(hc, ("batch", "seq", "act_embed"))
+        logits = jnp.einsum("bcd,dv->bcv", hc, w, preferred_element_type=jnp.float32)
+        picked = jnp.take_along_axis(logits, yc[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)
 
-    out = jax.lax.map(one, (h, y))
-    return out.reshape(-1)[:n].reshape(b, t)
+    out = jax.lax.map(one, (h, y))  # [n, B, c]
+    return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
 
 
 def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, targets_mask: jnp.ndarray | None = None, *,

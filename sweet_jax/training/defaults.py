@@ -62,6 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.micro_batch_size = 1
     c.optim.freeze = ""  # comma-separated top-level parameters that stay fixed (no gradient, no Adam state): "embed"
 
+    # The device mesh (sweet_jax.sharding): one size may be -1, inferred from the device count. Batches split over
+    # data x fsdp, so optim.micro_batch_size must be a multiple of that product.
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 1
     c.train.seed = 42

@@ -33,8 +33,8 @@ def sequence_scores(params, model_cfg: LlamaConfig, batch, reduction: str, chunk
     return score, lp
 
 
-def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, chunk: int):
-    """Mean loss and mean metrics over the batch."""
+def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, chunk: int, reduce: bool = True):
+    """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B])."""
     if objective == "sft":
         lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
                                           positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
@@ -46,6 +46,8 @@ def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, 
         fn = objectives.bradley_terry_loss if objective == "critic" else objectives.dpo_loss
         loss, metrics = fn(score[:p], score[p:], batch["ref"][:p], batch["ref"][p:], loss_cfg.beta,
                            chosen_nll=nll, nll_coef=loss_cfg.nll_coef)
+    if not reduce:
+        return loss.mean(), jax.tree.map(lambda v: jnp.broadcast_to(v, loss.shape), metrics)
     return loss.mean(), jax.tree.map(jnp.mean, metrics)
 
 
@@ -58,12 +60,12 @@ def split_params(params: dict, freeze: tuple[str, ...] = ()) -> tuple[dict, dict
     return ({k: v for k, v in params.items() if k not in freeze}, {k: v for k, v in params.items() if k in freeze})
 
 
-def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = (), **loss_kw):
-    """state {params, opt_state (of the trainable part, see `split_params`), step} -> (state, metrics)."""
+def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = (), *, jit: bool = True, **loss_kw):
+    """state {params, opt_state (of the trainable part, see `split_params`), step} -> (state, metrics), jitted with
+    the state donated (jit=False: the plain function, for `partitioning.Layout` to compile for a mesh)."""
     loss = functools.partial(loss_fn, **loss_kw)
     grad_fn = jax.value_and_grad(lambda trainable, frozen, batch: loss({**trainable, **frozen}, batch), has_aux=True)
 
-    @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state, batch):
         trainable, frozen = split_params(state["params"], freeze)
         (_, metrics), grads = grad_fn(trainable, frozen, batch)
@@ -72,11 +74,12 @@ def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = 
         metrics["grad_norm"] = optax.global_norm(grads)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-    return train_step
+    return jax.jit(train_step, donate_argnums=(0,)) if jit else train_step
 
 
 def make_eval_step(**loss_kw):
-    return jax.jit(lambda params, batch: loss_fn(params, batch, **loss_kw)[1])
+    """(params, batch) -> metrics per pair (or example), so that `trainer.evaluate` can drop padding rows."""
+    return jax.jit(lambda params, batch: loss_fn(params, batch, reduce=False, **loss_kw)[1])
 
 
 def make_score_fn(model_cfg: LlamaConfig, reduction: str, chunk: int):

@@ -1,6 +1,8 @@
 """The offline training loop shared by the critic, DPO and RFT jobs.
 
 - Data: `pipeline.build` (validated, paired, tokenised; held-out split); batches are length-bucketed.
+- Devices: the `mesh` settings build a (data, fsdp, tensor) mesh over this process's devices; `partitioning.Layout`
+  places the state by the logical-axis rules and splits every batch over data x fsdp (one device: a mesh of one).
 - Frozen reference: its scores are computed once per dataset with the initial params and cached on disk
   (`reference/*.npy`, with a fingerprint); `loss.reference="recompute"` recomputes them every step instead.
 - State {params, opt_state, step} is checkpointed by an Orbax CheckpointManager (async, keeps the last N). A restarted
@@ -24,11 +26,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sweet_jax import models
+from sweet_jax import models, sharding
 from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
 from sweet_jax.data.batching import collate, default_buckets
 from sweet_jax.training import objective as obj
-from sweet_jax.training import pipeline
+from sweet_jax.training import partitioning, pipeline
 from sweet_jax.training.optim import make_optimizer
 
 log = logging.getLogger("sweet_jax.train")
@@ -71,12 +73,23 @@ def _atomic_json(path: str, obj_) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ batches
+# What a padding row holds: no real token, nothing scored (so it changes no token-weighted sum).
+_PAD_ROW = {"positions": 0, "segment_ids": 0, "gather_pos": 1, "gather_score": False, "gather_nll": False,
+            "gather_turn": -1, "ref": 0.0}
+
+
 class Batcher:
-    def __init__(self, cfg, pad_id: int):
+    """Host batches: collated, length-bucketed, and (with `layout`) placed on the mesh. A batch whose item count does
+    not divide by the mesh's batch shards gets padding items at the end (whole pairs for paired data); callers
+    drop their outputs (`score_pairs`, `evaluate`). Training batches are always full (checked in `run`)."""
+
+    def __init__(self, cfg, pad_id: int, layout=None):
         self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
         self.gather_buckets = default_buckets(cfg.data.max_len, 16)
         self.pad_id = pad_id
         self.nll_span = cfg.loss.nll_span
+        self.layout = layout
+        self.multiple = layout.batch_shards if layout is not None else 1
 
     def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
@@ -86,7 +99,16 @@ class Batcher:
         batch = {k: batch[k] for k in obj.MODEL_INPUTS}
         if ref is not None:
             batch["ref"] = np.concatenate([ref[idx, 0], ref[idx, 1]]).astype(np.float32)
-        return batch
+        extra = -len(items) % self.multiple
+        if extra:
+            batch = {k: self._pad(k, v, len(items), extra, split.paired) for k, v in batch.items()}
+        return self.layout.put_batch(batch) if self.layout is not None else batch
+
+    def _pad(self, key, v, n, extra, paired):
+        rows = np.full((extra,) + v.shape[1:], self.pad_id if key == "tokens" else _PAD_ROW[key], v.dtype)
+        if not paired:
+            return np.concatenate([v, rows])
+        return np.concatenate([v[:n], rows, v[n:], rows])  # chosen, padding, rejected, padding
 
 
 def _fingerprint(split: pipeline.Split, model_cfg: models.LlamaConfig, cfg) -> str:
@@ -105,11 +127,13 @@ def score_pairs(score_fn, params, split: pipeline.Split, batcher: Batcher, batch
     for start in tqdm(range(0, n, batch_size), desc=desc, disable=None if desc else True):
         idx = np.arange(start, min(start + batch_size, n))
         s = np.asarray(score_fn(params, batcher(split, idx, None)))
-        out[idx, 0], out[idx, 1] = s[:len(idx)], s[len(idx):]
+        half = len(s) // 2  # the pairs of the batch, padding included
+        out[idx, 0], out[idx, 1] = s[:len(idx)], s[half:half + len(idx)]
     return out
 
 
-def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, batcher: Batcher, run_dir: str):
+def reference_scores(name: str, split: pipeline.Split, score_fn, params0, model_cfg, cfg, batcher: Batcher,
+                     run_dir: str):
     """[n_pairs, 2] frozen-reference scores (chosen, rejected), cached on disk per dataset and initial model."""
     n = len(split.items)
     if n == 0:
@@ -118,8 +142,7 @@ def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, 
     path = os.path.join(run_dir, "reference", f"{name}-{fp}.npy")
     if os.path.exists(path):
         return np.load(path)
-    score = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk)
-    out = score_pairs(score, params0, split, batcher, cfg.train.eval_batch_size, f"reference scores ({name})")
+    out = score_pairs(score_fn, params0, split, batcher, cfg.train.eval_batch_size, f"reference scores ({name})")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}.npy"
     np.save(tmp, out)
@@ -128,6 +151,7 @@ def reference_scores(name: str, split: pipeline.Split, params0, model_cfg, cfg, 
 
 
 def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
+    """Mean of the per-pair (per-example) metrics of `eval_step` over `split`, padding rows dropped."""
     if not split.items:
         return {}
     sums, count = {}, 0
@@ -135,7 +159,7 @@ def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
         idx = np.arange(start, min(start + bs, len(split.items)))
         m = jax.device_get(eval_step(params, batcher(split, idx, ref)))
         for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * len(idx)
+            sums[k] = sums.get(k, 0.0) + float(np.sum(np.asarray(v, np.float64)[:len(idx)]))
         count += len(idx)
     return {k: v / count for k, v in sums.items()}
 
@@ -173,30 +197,39 @@ def run(cfg) -> dict:
                          f"optim.batch_size")
     tx = make_optimizer(cfg.optim, total_steps // accumulation, accumulation)
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
-    batcher = Batcher(cfg, pad_id)
     paired = cfg.objective != "sft"
     if paired != train.paired:
         raise SetupError(f"objective {cfg.objective!r} needs {'pairs' if paired else 'single examples'}, but "
                          f"data.kind={cfg.data.kind!r} gives {'pairs' if train.paired else 'single examples'}")
+    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
+    try:
+        obj.split_params(params0, freeze)
+        mesh = sharding.make_mesh({axis: int(cfg.mesh[axis]) for axis in sharding.MESH_AXES})
+    except ValueError as e:
+        raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor)") from None
+    layout = partitioning.Layout(mesh, model_cfg, tx, freeze)
+    if micro % layout.batch_shards:
+        raise SetupError(f"optim.micro_batch_size={micro} must be a multiple of the mesh's batch shards "
+                         f"(data x fsdp = {layout.batch_shards}): set optim.micro_batch_size={layout.batch_shards} "
+                         f"(and optim.batch_size to a multiple of it)")
+    log.info("mesh %s on %d %s device(s)", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
+    params0 = jax.device_put(params0, layout.params)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+    batcher = Batcher(cfg, pad_id, layout)
+    loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
+    train_step = layout.train_step(**loss_kw)
+    eval_step = layout.eval_step(**loss_kw)
+    score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if paired else None
     recompute = paired and cfg.loss.reference == "recompute"
     ref_train = ref_eval = None
     if paired and not recompute:
-        ref_train = reference_scores("train", train, params0, model_cfg, cfg, batcher, run_dir)
-        ref_eval = reference_scores("eval", held_out, params0, model_cfg, cfg, batcher, run_dir)
-
-    loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
-    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
-    train_step = obj.make_train_step(tx, freeze, **loss_kw)
-    eval_step = obj.make_eval_step(**loss_kw)
-    score_fn = obj.make_score_fn(model_cfg, cfg.loss.reduction, cfg.train.logprob_chunk) if recompute else None
+        ref_train = reference_scores("train", train, score_fn, params0, model_cfg, cfg, batcher, run_dir)
+        ref_eval = reference_scores("eval", held_out, score_fn, params0, model_cfg, cfg, batcher, run_dir)
     frozen = jax.tree.map(jnp.copy, params0) if recompute else None
 
-    try:
-        trainable0 = obj.split_params(params0, freeze)[0]
-    except ValueError as e:
-        raise SetupError(str(e)) from None
-    state = {"params": params0, "opt_state": tx.init(trainable0), "step": jnp.zeros((), jnp.int32)}
+    state = layout.put_state({"params": params0, "opt_state": tx.init(obj.split_params(params0, freeze)[0]),
+                              "step": jnp.zeros((), jnp.int32)})
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(
         max_to_keep=cfg.train.keep_checkpoints, enable_async_checkpointing=True, create=True))
@@ -219,7 +252,7 @@ def run(cfg) -> dict:
         b = batcher(train, idx, ref_train)
         if recompute:
             s = np.asarray(score_fn(frozen, {k: b[k] for k in obj.MODEL_INPUTS}))
-            b["ref"] = s.astype(np.float32)
+            b["ref"] = layout.put_batch({"ref": s.astype(np.float32)})["ref"]
         return b
 
     def held_out_metrics(params):

@@ -1,0 +1,108 @@
+"""How the training state and the batches lie on a device mesh, and the train / eval / score steps jitted for it.
+
+The layout comes from the logical axis names alone (`models.llama.param_logical_axes` through `sharding`'s rules
+table): params by their names, the Adam moments (and gradient-accumulation buffers) like the params they belong to,
+scalars replicated, and every batch array split over its leading "batch" dimension. The step functions are the
+single-device ones of `training.objective`, traced with the mesh active (so the model's activation constraints apply)
+and compiled with explicit input and output shardings; the state is donated.
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    layout = Layout(mesh, model_cfg, tx, freeze=())
+    state = layout.put_state(state)
+    step = layout.train_step(objective="critic", loss_cfg=..., chunk=...)
+    state, metrics = step(state, layout.put_batch(batch))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sweet_jax import sharding
+from sweet_jax.models import llama
+from sweet_jax.models.config import LlamaConfig
+from sweet_jax.training import objective as obj
+
+
+def param_shardings(model_cfg: LlamaConfig, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES):
+    return sharding.named_shardings(llama.param_logical_axes(model_cfg), llama.param_shapes(model_cfg), mesh, rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The shardings of one job's state and batches on `mesh`."""
+
+    mesh: Mesh
+    model_cfg: LlamaConfig
+    tx: optax.GradientTransformation
+    freeze: tuple[str, ...] = ()
+    rules: sharding.Rules = sharding.DEFAULT_RULES
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def params(self):
+        return param_shardings(self.model_cfg, self.mesh, self.rules)
+
+    @property
+    def state(self) -> dict:
+        """Shardings for {params, opt_state, step}; the optimiser state covers the trainable params only."""
+        params = self.params
+        trainable = obj.split_params(params, self.freeze)[0]
+        abstract = jax.eval_shape(self.tx.init, obj.split_params(llama.abstract_params(self.model_cfg),
+                                                                 self.freeze)[0])
+        opt = optax.tree_map_params(self.tx, lambda _, s: s, abstract, trainable,
+                                    transform_non_params=lambda _: self.replicated)
+        return {"params": params, "opt_state": opt, "step": self.replicated}
+
+    def abstract_state(self) -> dict:
+        """ShapeDtypeStructs with shardings: for AOT lowering and Orbax restores, no allocation."""
+        params = llama.abstract_params(self.model_cfg)
+        opt = jax.eval_shape(self.tx.init, obj.split_params(params, self.freeze)[0])
+        shapes = {"params": params, "opt_state": opt, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, self.state)
+
+    @property
+    def batch_shards(self) -> int:
+        """How many ways the leading batch dimension is split: batches need a multiple of this many rows."""
+        spec = sharding.logical_to_spec(("batch",), self.rules, self.mesh)[0]
+        axes = () if spec is None else ((spec,) if isinstance(spec, str) else spec)
+        return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+    def batch_sharding(self, ndim: int, shape=None) -> NamedSharding:
+        names = ("batch",) + (None,) * (ndim - 1)
+        return NamedSharding(self.mesh, sharding.logical_to_spec(names, self.rules, self.mesh, shape))
+
+    def put_state(self, state: dict) -> dict:
+        return jax.device_put(state, self.state)
+
+    def put_batch(self, batch: dict) -> dict:
+        """Place a host batch (numpy arrays, leading batch dimension) on the mesh."""
+        return {k: jax.device_put(v, self.batch_sharding(v.ndim, v.shape)) for k, v in batch.items()}
+
+    def _traced(self, fn):
+        def inner(*args):
+            with sharding.use_mesh(self.mesh, self.rules):
+                return fn(*args)
+        return inner
+
+    def train_step(self, **loss_kw):
+        """`objective.make_train_step`, compiled for this mesh: state and batch in as placed, state out in its layout
+        (donated), metrics replicated."""
+        step = obj.make_train_step(self.tx, self.freeze, jit=False, **loss_kw)
+        return jax.jit(self._traced(step), out_shardings=(self.state, self.replicated), donate_argnums=(0,))
+
+    def eval_step(self, **loss_kw):
+        fn = lambda params, batch: obj.loss_fn(params, batch, reduce=False, **loss_kw)[1]  # noqa: E731
+        return jax.jit(self._traced(fn), out_shardings=self.replicated)
+
+    def score_fn(self, reduction: str, chunk: int):
+        fn = lambda params, batch: obj.sequence_scores(params, self.model_cfg, batch, reduction, chunk)[0]  # noqa: E731
+        return jax.jit(self._traced(fn), out_shardings=self.replicated)
