@@ -1,4 +1,5 @@
-"""The jitted pieces of training: the loss for each objective, the sequence scorer, the train step.
+"""The pieces of training: the loss for each objective, the sequence scorer, the train step. `partitioning.Layout`
+compiles them (and the eval and score steps) for a device mesh.
 
 Objectives (config `objective`):
 - "critic": the SWEET critic's Bradley-Terry loss on (critic - frozen reference) reduced log-probs of chosen vs
@@ -75,12 +76,3 @@ def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = 
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     return jax.jit(train_step, donate_argnums=(0,)) if jit else train_step
-
-
-def make_eval_step(**loss_kw):
-    """(params, batch) -> metrics per pair (or example), so that `trainer.evaluate` can drop padding rows."""
-    return jax.jit(lambda params, batch: loss_fn(params, batch, reduce=False, **loss_kw)[1])
-
-
-def make_score_fn(model_cfg: LlamaConfig, reduction: str, chunk: int):
-    return jax.jit(lambda params, batch: sequence_scores(params, model_cfg, batch, reduction, chunk)[0])
