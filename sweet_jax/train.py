@@ -19,6 +19,7 @@ def main(argv):
                         stream=sys.stderr, force=True)
     for noisy in ("absl", "jax", "orbax", "datasets", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from sweet_jax import distributed
     from sweet_jax.data.trajectories import DataError
     from sweet_jax.models import CheckpointError, ConfigError
     from sweet_jax.training.trainer import SetupError, run
@@ -26,10 +27,13 @@ def main(argv):
     if FLAGS.config is None:
         raise app.UsageError("--config is required, e.g. --config configs/critic_tiny.py")
     try:
+        distributed.initialize()  # multi-host: join the other processes before any device is used
         result = run(FLAGS.config)
-    except (DataError, SetupError, ConfigError, CheckpointError) as e:
+    except (DataError, SetupError, ConfigError, CheckpointError, distributed.DistributedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not distributed.is_leader():
+        return 0
     print(json.dumps({"held_out": result["held_out"], "steps": result["steps"], "truncated": result["truncated"],
                       "seconds": round(result["seconds"], 1)}))
     return 0

@@ -16,3 +16,39 @@ def run_with_devices(code: str, n: int = 8, timeout: int = 600) -> str:
     if proc.returncode:
         raise AssertionError(f"subprocess failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}")
     return proc.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def multiprocess_env(n_processes: int, devices_per_process: int) -> list[dict]:
+    """Environments for a local multi-host job: n CPU processes with their own fake devices, joined by
+    `sweet_jax.distributed.initialize` through the variables the launchers set."""
+    port = _free_port()
+    base = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                JAX_NUM_PROCESSES=str(n_processes),
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    return [dict(base, JAX_PROCESS_ID=str(i)) for i in range(n_processes)]
+
+
+def run_processes(cmd: list[str], n_processes: int = 2, devices_per_process: int = 4, timeout: int = 600,
+                  cwd=None) -> list[subprocess.CompletedProcess]:
+    """Run `cmd` as every process of a local multi-host job; returns their completed processes (in id order)."""
+    procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for env in multiprocess_env(n_processes, devices_per_process)]
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out

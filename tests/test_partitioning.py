@@ -1,7 +1,11 @@
 """Training steps on device meshes: the same numbers as one device, and every big weight actually split."""
 
+import sys
+import textwrap
+
+import numpy as np
 import pytest
-from multidevice import run_with_devices
+from multidevice import run_processes, run_with_devices
 
 STEP_EQUIVALENCE = """
     import jax, jax.numpy as jnp, numpy as np, ml_collections
@@ -101,3 +105,30 @@ def test_8b_state_under_fsdp8_leaves_no_big_weight_replicated():
     out = run_with_devices(COVERAGE)
     # 9 params over 1 MiB (embed, lm_head and the 7 stacked layer matrices) and their two Adam moments each
     assert "BIG 27" in out, out
+
+
+def test_each_host_builds_only_its_rows_of_a_batch():
+    """Two processes x 4 devices: each holds half the rows of a (data=2, fsdp=2, tensor=2) batch, and the global
+    array assembled from the halves is the whole batch."""
+    code = """
+        import jax, numpy as np
+        from sweet_jax import distributed, models, sharding
+        from sweet_jax.training.optim import make_optimizer
+        from sweet_jax.training.partitioning import Layout
+        from sweet_jax.training.defaults import base_config
+        assert distributed.initialize()
+        cfg = models.LlamaConfig.preset("tiny")
+        layout = Layout(sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}), cfg,
+                        make_optimizer(base_config().optim, 10, 1))
+        full = np.arange(8 * 5, dtype=np.int32).reshape(8, 5)
+        rows = layout.process_rows(8)
+        batch = layout.put_batch({"tokens": full[rows]}, 8)
+        total = jax.jit(lambda x: x.sum(0), out_shardings=layout.replicated)(batch["tokens"])
+        print("ROWS", jax.process_index(), rows.tolist(), np.asarray(total).tolist(), flush=True)
+    """
+    procs = run_processes([sys.executable, "-c", textwrap.dedent(code)], timeout=300)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    lines = sorted(line for p in procs for line in p.stdout.splitlines() if line.startswith("ROWS"))
+    expect = np.arange(40).reshape(8, 5).sum(0).tolist()
+    assert lines == [f"ROWS 0 [0, 1, 2, 3] {expect}", f"ROWS 1 [4, 5, 6, 7] {expect}"]

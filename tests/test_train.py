@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import safetensors.numpy
+from multidevice import run_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,6 +133,21 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
         assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
     ta, tb = _hf_tensors(tmp_path / "one"), _hf_tensors(tmp_path / "eight")
     assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+
+    # The same mesh over two processes of 4 devices each (a multi-host job): each collates its half of every batch;
+    # process 0 writes the run files, the HF export gathers every tensor across both.
+    two = run_processes(_cmd("critic_tiny.py", tmp_path / "two", *mesh_args, "--config.mesh.data=2",
+                             "--config.mesh.fsdp=2", "--config.mesh.tensor=2"), cwd=ROOT)
+    for p in two:
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert "on 8 cpu device(s), 2 process(es)" in two[0].stderr
+    results = [[line for line in p.stdout.splitlines() if line.startswith("{")] for p in two]  # (gloo logs too)
+    assert json.loads(results[0][-1])["steps"] == a["steps"] and not results[1]  # one summary, from process 0
+    c = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    for k in ("loss", "accuracy", "margin", "chosen_reward"):
+        assert abs(a["held_out"][k] - c["held_out"][k]) <= 1e-4, (k, a["held_out"][k], c["held_out"][k])
+    tc = _hf_tensors(tmp_path / "two")
+    assert max(float(np.abs(ta[k] - tc[k]).max()) for k in ta) <= 1e-4
 
     bad = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2"), cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=env)  # fsdp=-1: 8 batch shards

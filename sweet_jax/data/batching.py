@@ -29,9 +29,22 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
 NLL_SPANS = ("score", "response", "all")
 
 
+def _nll_mask(e: Example, nll_span: str) -> np.ndarray:
+    return {"score": e.score_mask, "response": e.response_mask, "all": np.ones(len(e), bool)}[nll_span]
+
+
+def batch_lengths(examples: Sequence[Example], buckets: Sequence[int], gather_buckets: Sequence[int],
+                  nll_span: str = "score") -> tuple[int, int]:
+    """(L, S): the padded token length and gather length `collate` gives these examples. Hosts that each collate a
+    slice of one global batch pass the global batch's lengths to `collate`, so that their slices fit together."""
+    length = bucket_length(max(len(e) for e in examples), buckets)
+    need = max(int((e.score_mask | _nll_mask(e, nll_span))[1:].sum()) for e in examples)
+    return length, bucket_length(max(need, 1), gather_buckets)
+
+
 def collate(examples: Sequence[Example], buckets: Sequence[int], pad_id: int, *, gather_buckets: Sequence[int] = (),
-            nll_span: str = "score") -> dict[str, np.ndarray]:
-    """Right-pad examples to the bucket of the longest one.
+            nll_span: str = "score", lengths: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Right-pad examples to the bucket of the longest one (or to `lengths` = (L, S), see `batch_lengths`).
 
     Returns tokens, positions, segment_ids (1 real / 0 pad), score_mask, response_mask, turn_ids (-1 on pads) [B, L].
     With `gather_buckets`, also the positions whose log-probs a loss needs, padded to a bucket S:
@@ -40,7 +53,11 @@ def collate(examples: Sequence[Example], buckets: Sequence[int], pad_id: int, *,
     """
     if nll_span not in NLL_SPANS:
         raise ValueError(f"nll_span must be one of {NLL_SPANS}, got {nll_span!r}")
-    length = bucket_length(max(len(e) for e in examples), buckets)
+    if lengths is None:
+        lengths = batch_lengths(examples, buckets, gather_buckets or buckets, nll_span)
+    length, s = lengths
+    if max(len(e) for e in examples) > length:
+        raise ValueError(f"an example of {max(len(e) for e in examples)} tokens does not fit lengths={lengths}")
     b = len(examples)
     out = {
         "tokens": np.full((b, length), pad_id, np.int32),
@@ -64,7 +81,8 @@ def collate(examples: Sequence[Example], buckets: Sequence[int], pad_id: int, *,
     nll = {"score": out["score_mask"], "response": out["response_mask"], "all": real}[nll_span]
     need = (out["score_mask"] | nll) & real
     need[:, 0] = False  # position 0 has no prediction
-    s = bucket_length(max(int(need.sum(1).max()), 1), gather_buckets)
+    if int(need.sum(1).max()) > s:
+        raise ValueError(f"an example needs {int(need.sum(1).max())} gathered positions; lengths={lengths}")
     out["gather_pos"] = np.ones((b, s), np.int32)
     out["gather_score"] = np.zeros((b, s), bool)
     out["gather_nll"] = np.zeros((b, s), bool)

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 from tqdm.auto import tqdm
 
+from sweet_jax.distributed import to_host
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.llama import Params, param_shapes
 
@@ -312,24 +313,29 @@ def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor
             hf_shape = _hf_shape(tuple(arr.shape[1:]), to_hf)
             for i in range(cfg.num_layers):
                 out[template.format(i=i)] = LazyTensor(
-                    hf_shape, target, lambda a=arr, i=i, t=target, f=to_hf: f(np.asarray(jax.device_get(a[i])).astype(t)))
+                    hf_shape, target, lambda a=arr, i=i, t=target, f=to_hf: f(to_host(a[i]).astype(t)))
         else:
             hf_shape = _hf_shape(tuple(arr.shape), to_hf)
             out[template] = LazyTensor(hf_shape, target,
-                                       lambda a=arr, t=target, f=to_hf: f(np.asarray(jax.device_get(a)).astype(t)))
+                                       lambda a=arr, t=target, f=to_hf: f(to_host(a).astype(t)))
     return out
 
 
 def save_hf_params(params: Params, cfg: LlamaConfig, out_dir: str | os.PathLike, dtype=None,
-                   max_shard_bytes: int = 5 * 2**30) -> None:
+                   max_shard_bytes: int = 5 * 2**30, write: bool = True) -> None:
     """Write `config.json` + safetensors (sharded with an index above `max_shard_bytes`) readable by HF and vLLM.
 
     dtype: stored dtype (default: the params' own dtype; bfloat16 is the usual choice for serving).
-    Tensors are streamed to disk one at a time.
+    Tensors are streamed to disk one at a time. On a multi-host mesh every process calls this (each tensor is
+    gathered across processes in turn) and only the one with write=True (process 0) writes.
     """
+    tensors = _hf_tensors(params, cfg, dtype)
+    if not write:
+        for t in tensors.values():
+            t.make()
+        return
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    tensors = _hf_tensors(params, cfg, dtype)
     groups: list[dict[str, LazyTensor]] = [{}]
     current = 0
     for name, t in tensors.items():

@@ -83,9 +83,20 @@ class Layout:
     def put_state(self, state: dict) -> dict:
         return jax.device_put(state, self.state)
 
-    def put_batch(self, batch: dict) -> dict:
-        """Place a host batch (numpy arrays, leading batch dimension) on the mesh."""
-        return {k: jax.device_put(v, self.batch_sharding(v.ndim, v.shape)) for k, v in batch.items()}
+    def process_rows(self, n: int) -> np.ndarray:
+        """The rows of an n-row batch that this process's devices hold (sorted). One process: all of them."""
+        index = self.batch_sharding(1, (n,)).addressable_devices_indices_map((n,))
+        return np.unique(np.concatenate([np.arange(n)[idx[0]] for idx in index.values()]))
+
+    def put_batch(self, batch: dict, n: int | None = None) -> dict:
+        """Global arrays of n rows from this process's rows of them (numpy, `process_rows(n)`, in order): each host
+        builds only its slice of a batch. One process: `batch` is the whole batch and n defaults to its rows."""
+        out = {}
+        for k, v in batch.items():
+            rows = v.shape[0] if n is None else n
+            out[k] = jax.make_array_from_process_local_data(self.batch_sharding(v.ndim, (rows,) + v.shape[1:]), v,
+                                                            (rows,) + v.shape[1:])
+        return out
 
     def _traced(self, fn):
         def inner(*args):

@@ -26,9 +26,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sweet_jax import models, sharding
+from sweet_jax import distributed, models, sharding
 from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
-from sweet_jax.data.batching import collate, default_buckets
+from sweet_jax.data.batching import batch_lengths, collate, default_buckets
 from sweet_jax.training import objective as obj
 from sweet_jax.training import partitioning, pipeline
 from sweet_jax.training.optim import make_optimizer
@@ -41,7 +41,8 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def load_model(model_cfg) -> tuple[models.LlamaConfig, dict]:
+def model_config(model_cfg) -> models.LlamaConfig:
+    """The job's LlamaConfig: the checkpoint's config.json (`model.hf_path`) or a preset, with the execution settings."""
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl)
     if model_cfg.hf_path:
@@ -50,10 +51,16 @@ def load_model(model_cfg) -> tuple[models.LlamaConfig, dict]:
                 f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
                 f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
                 f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
-        cfg = models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
-        return cfg, models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype)
-    cfg = models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
-    return cfg, models.init_params(cfg, jax.random.key(model_cfg.init_seed), std=model_cfg.init_std)
+        return models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
+    return models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
+
+
+def load_params(model_cfg, cfg: models.LlamaConfig, shardings) -> dict:
+    """The initial params, each array built directly in its sharding (a 70B model never sits on one device)."""
+    if model_cfg.hf_path:
+        return models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
+    init = jax.jit(models.init_params, static_argnums=(0, 2), out_shardings=shardings)
+    return init(cfg, jax.random.key(model_cfg.init_seed), model_cfg.init_std)
 
 
 def load_job_tokenizer(cfg):
@@ -73,15 +80,20 @@ def _atomic_json(path: str, obj_) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ batches
-# What a padding row holds: no real token, nothing scored (so it changes no token-weighted sum).
-_PAD_ROW = {"positions": 0, "segment_ids": 0, "gather_pos": 1, "gather_score": False, "gather_nll": False,
-            "gather_turn": -1, "ref": 0.0}
+# Each batch field: what a padding row holds (no real token, nothing scored, so it changes no token-weighted sum),
+# its dtype, and whether it spans the token length L or the gather length S.
+_FIELDS = {"tokens": (None, np.int32, "L"), "positions": (0, np.int32, "L"), "segment_ids": (0, np.int32, "L"),
+           "gather_pos": (1, np.int32, "S"), "gather_score": (False, bool, "S"), "gather_nll": (False, bool, "S"),
+           "gather_turn": (-1, np.int32, "S")}
 
 
 class Batcher:
-    """Host batches: collated, length-bucketed, and (with `layout`) placed on the mesh. A batch whose item count does
-    not divide by the mesh's batch shards gets padding items at the end (whole pairs for paired data); callers
-    drop their outputs (`score_pairs`, `evaluate`). Training batches are always full (checked in `run`)."""
+    """Host batches: collated, length-bucketed, and (with `layout`) placed on the mesh.
+
+    A batch whose item count does not divide by the mesh's batch shards gets padding items at the end (whole pairs
+    for paired data); callers drop their outputs (`score_pairs`, `evaluate`). Training batches are always full
+    (checked in `run`). On a multi-host mesh each process collates only the rows its own devices hold, padded to the
+    global batch's lengths, and the global arrays are assembled from those slices."""
 
     def __init__(self, cfg, pad_id: int, layout=None):
         self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
@@ -93,22 +105,29 @@ class Batcher:
 
     def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
-        examples = ([c for c, _ in items] + [r for _, r in items]) if split.paired else items
-        batch = collate(examples, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
-                        nll_span=self.nll_span)
-        batch = {k: batch[k] for k in obj.MODEL_INPUTS}
+        p, extra = len(items), -len(items) % self.multiple
+        if split.paired:  # chosen, padding, rejected, padding
+            rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
+        else:
+            rows = list(items) + [None] * extra
+        n = len(rows)
+        lengths = batch_lengths([e for e in rows if e is not None], self.buckets, self.gather_buckets, self.nll_span)
+        local = self.layout.process_rows(n) if self.layout is not None else np.arange(n)
+        batch = {}
+        for k in obj.MODEL_INPUTS:
+            fill, dtype, dim = _FIELDS[k]
+            batch[k] = np.full((len(local), lengths[dim == "S"]), self.pad_id if fill is None else fill, dtype)
+        real = [j for j, i in enumerate(local) if rows[i] is not None]
+        if real:
+            c = collate([rows[local[j]] for j in real], self.buckets, self.pad_id,
+                        gather_buckets=self.gather_buckets, nll_span=self.nll_span, lengths=lengths)
+            for k in batch:
+                batch[k][real] = c[k]
         if ref is not None:
-            batch["ref"] = np.concatenate([ref[idx, 0], ref[idx, 1]]).astype(np.float32)
-        extra = -len(items) % self.multiple
-        if extra:
-            batch = {k: self._pad(k, v, len(items), extra, split.paired) for k, v in batch.items()}
-        return self.layout.put_batch(batch) if self.layout is not None else batch
-
-    def _pad(self, key, v, n, extra, paired):
-        rows = np.full((extra,) + v.shape[1:], self.pad_id if key == "tokens" else _PAD_ROW[key], v.dtype)
-        if not paired:
-            return np.concatenate([v, rows])
-        return np.concatenate([v[:n], rows, v[n:], rows])  # chosen, padding, rejected, padding
+            r = np.zeros(n, np.float32)
+            r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
+            batch["ref"] = r[local]
+        return self.layout.put_batch(batch, n) if self.layout is not None else batch
 
 
 def _fingerprint(split: pipeline.Split, model_cfg: models.LlamaConfig, cfg) -> str:
@@ -124,7 +143,8 @@ def score_pairs(score_fn, params, split: pipeline.Split, batcher: Batcher, batch
     """[n_pairs, 2] sequence scores (chosen, rejected) of every pair in `split`."""
     n = len(split.items)
     out = np.zeros((n, 2), np.float32)
-    for start in tqdm(range(0, n, batch_size), desc=desc, disable=None if desc else True):
+    for start in tqdm(range(0, n, batch_size), desc=desc,
+                      disable=None if desc and distributed.is_leader() else True):
         idx = np.arange(start, min(start + batch_size, n))
         s = np.asarray(score_fn(params, batcher(split, idx, None)))
         half = len(s) // 2  # the pairs of the batch, padding included
@@ -140,13 +160,15 @@ def reference_scores(name: str, split: pipeline.Split, score_fn, params0, model_
         return np.zeros((0, 2), np.float32)
     fp = _fingerprint(split, model_cfg, cfg)
     path = os.path.join(run_dir, "reference", f"{name}-{fp}.npy")
-    if os.path.exists(path):
-        return np.load(path)
+    # Process 0 decides and its cache is used everywhere, so every process runs the same computations.
+    if distributed.from_leader(os.path.exists(path)):
+        return distributed.from_leader(np.load(path) if distributed.is_leader() else np.zeros((n, 2), np.float32))
     out = score_pairs(score_fn, params0, split, batcher, cfg.train.eval_batch_size, f"reference scores ({name})")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npy"
-    np.save(tmp, out)
-    os.replace(tmp, path)
+    if distributed.is_leader():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}.npy"
+        np.save(tmp, out)
+        os.replace(tmp, path)
     return out
 
 
@@ -171,12 +193,14 @@ def run(cfg) -> dict:
     if cfg.objective not in obj.OBJECTIVES:
         raise SetupError(f"objective must be one of {obj.OBJECTIVES}, got {cfg.objective!r}")
     run_dir = os.path.abspath(cfg.train.output_dir)
+    leader = distributed.is_leader()  # process 0 writes the run files; every process runs every computation
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json.tmp"), "w") as fh:
-        fh.write(cfg.to_json_best_effort(indent=2))
-    os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
+    if leader:
+        with open(os.path.join(run_dir, "config.json.tmp"), "w") as fh:
+            fh.write(cfg.to_json_best_effort(indent=2))
+        os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
 
-    model_cfg, params0 = load_model(cfg.model)
+    model_cfg = model_config(cfg.model)
     tokenizer = load_job_tokenizer(cfg)
     train, held_out, stats = pipeline.build(cfg.data, tokenizer, run_dir)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
@@ -203,7 +227,7 @@ def run(cfg) -> dict:
                          f"data.kind={cfg.data.kind!r} gives {'pairs' if train.paired else 'single examples'}")
     freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
     try:
-        obj.split_params(params0, freeze)
+        obj.split_params(models.abstract_params(model_cfg), freeze)
         mesh = sharding.make_mesh({axis: int(cfg.mesh[axis]) for axis in sharding.MESH_AXES})
     except ValueError as e:
         raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor)") from None
@@ -212,8 +236,9 @@ def run(cfg) -> dict:
         raise SetupError(f"optim.micro_batch_size={micro} must be a multiple of the mesh's batch shards "
                          f"(data x fsdp = {layout.batch_shards}): set optim.micro_batch_size={layout.batch_shards} "
                          f"(and optim.batch_size to a multiple of it)")
-    log.info("mesh %s on %d %s device(s)", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
-    params0 = jax.device_put(params0, layout.params)
+    log.info("mesh %s on %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size, jax.devices()[0].platform,
+             jax.process_count())
+    params0 = load_params(cfg.model, model_cfg, layout.params)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
     batcher = Batcher(cfg, pad_id, layout)
@@ -241,7 +266,7 @@ def run(cfg) -> dict:
     start = int(state["step"])
 
     writer = None
-    if cfg.train.tensorboard:
+    if cfg.train.tensorboard and leader:
         from tensorboardX import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
 
@@ -251,8 +276,8 @@ def run(cfg) -> dict:
         idx = order[i * micro:(i + 1) * micro]
         b = batcher(train, idx, ref_train)
         if recompute:
-            s = np.asarray(score_fn(frozen, {k: b[k] for k in obj.MODEL_INPUTS}))
-            b["ref"] = layout.put_batch({"ref": s.astype(np.float32)})["ref"]
+            s = np.asarray(score_fn(frozen, {k: b[k] for k in obj.MODEL_INPUTS}), np.float32)
+            b["ref"] = layout.put_batch({"ref": s[layout.process_rows(len(s))]}, len(s))["ref"]
         return b
 
     def held_out_metrics(params):
@@ -263,7 +288,8 @@ def run(cfg) -> dict:
         return evaluate(eval_step, params, held_out, ref_eval, batcher, cfg.train.eval_batch_size)
 
     history = []
-    bar = tqdm(total=total_steps, initial=start, desc=f"train {cfg.objective}", disable=None, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=start, desc=f"train {cfg.objective}", disable=None if leader else True,
+               dynamic_ncols=True)
     running: dict[str, float] = {}
     for step in range(start, total_steps):
         state, metrics = train_step(state, batch_at(step))
@@ -273,7 +299,7 @@ def run(cfg) -> dict:
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
             running = m
             bar.set_postfix({k: f"{m[k]:.4f}" for k in ("loss", "accuracy") if k in m})
-            if bar.disable:  # no terminal: keep a plain log line instead of the bar
+            if bar.disable and leader:  # no terminal: keep a plain log line instead of the bar
                 log.info("step %d/%d %s", done, total_steps, " ".join(f"{k}={v:.4g}" for k, v in m.items()))
             if writer:
                 for k, v in m.items():
@@ -298,9 +324,10 @@ def run(cfg) -> dict:
         writer.close()
     if cfg.train.export_hf:
         out = os.path.join(run_dir, "hf")
-        models.save_hf_params(state["params"], model_cfg, out, dtype=cfg.train.export_dtype or None)
-        tokenizer.save_pretrained(out)
-        log.info("exported HF checkpoint to %s", out)
+        models.save_hf_params(state["params"], model_cfg, out, dtype=cfg.train.export_dtype or None, write=leader)
+        if leader:
+            tokenizer.save_pretrained(out)
+            log.info("exported HF checkpoint to %s", out)
     result = {
         "objective": cfg.objective, "steps": total_steps, "updates": total_steps // accumulation,
         "train_items": len(train.items), "held_out_items": len(held_out.items),
@@ -308,7 +335,8 @@ def run(cfg) -> dict:
         "skipped_examples": stats.skipped_examples, "truncated": stats.truncated,
         "held_out": final, "history": history, "last_train": running, "seconds": time.time() - t_start,
     }
-    _atomic_json(os.path.join(run_dir, "metrics.json"), result)
+    if leader:
+        _atomic_json(os.path.join(run_dir, "metrics.json"), result)
     manager.close()
     return result
 
