@@ -22,6 +22,7 @@ Rules = tuple[tuple[str, Any], ...]
 DEFAULT_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("seq", None),
+    ("act_seq", None),  # the residual stream between sub-layers; "tensor" = Megatron sequence parallelism
     ("embed", "fsdp"),
     ("act_embed", None),
     ("vocab", "tensor"),
@@ -32,6 +33,21 @@ DEFAULT_RULES: Rules = (
     ("layers", None),
     ("norm", None),
 )
+
+def parse_rules(text: str, base: Rules = DEFAULT_RULES) -> Rules:
+    """`base` with entries replaced by "name=axis" overrides: "act_seq=tensor", "vocab=none", "batch=data+fsdp"."""
+    table = dict(base)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, target = (x.strip() for x in part.partition("="))
+        if not eq or name not in table:
+            raise ValueError(f"sharding rule {part!r}: expected name=axis with a name from {sorted(table)}")
+        axes = () if target.lower() in ("", "none") else tuple(a.strip() for a in target.split("+"))
+        bad = [a for a in axes if a not in MESH_AXES]
+        if bad:
+            raise ValueError(f"sharding rule {part!r}: {bad} not mesh axes {MESH_AXES} (or none)")
+        table[name] = None if not axes else (axes[0] if len(axes) == 1 else axes)
+    return tuple(table.items())
+
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("sweet_jax_mesh", default=None)
 

@@ -9,6 +9,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from sweet_jax.cli import parse_flags
+
 config_flags.DEFINE_config_file("config", None, "A job config file under configs/.", lock_config=True)
 FLAGS = flags.FLAGS
 
@@ -37,19 +39,6 @@ def main(argv):
     print(json.dumps({"held_out": result["held_out"], "steps": result["steps"], "truncated": result["truncated"],
                       "seconds": round(result["seconds"], 1)}))
     return 0
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, with a one-line error (no traceback) for a bad override such as a misspelt config key."""
-    try:
-        return FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-        msg = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
-        if isinstance(e, AttributeError):  # ml_collections: "'key'\nDid you mean ...", wrapped in a repr
-            msg = msg.strip("'").replace("\\n", " ").replace("\\'", "'")
-        msg = " ".join(msg.split())
-        print(f"error: bad command line: {msg}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,23 @@ def test_overriding_heads_rederives_a_derived_head_dim():
     assert LlamaConfig.preset("llama3.1-8b", num_heads=16, head_dim=64).head_dim == 64
     odd = LlamaConfig.preset("tiny", head_dim=32)
     assert odd.replace(num_heads=8, num_kv_heads=4).head_dim == 32
+
+
+def test_train_flops_per_token_matches_xla_count_of_the_forward():
+    """XLA's FLOP count of a one-layer forward (it counts full, non-causal attention) against the formula, whose
+    causal attention term is half of that: forward = train / 3."""
+    import jax
+    import jax.numpy as jnp
+
+    from sweet_jax import models
+
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=1,
+                                    num_heads=8, num_kv_heads=2, attention_impl="reference")
+    b, t = 2, 256
+    params = models.abstract_params(cfg)
+    tokens = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    counted = jax.jit(lambda p, x: models.forward(p, cfg, x)).lower(params, tokens).compile().cost_analysis()
+    counted = (counted[0] if isinstance(counted, list) else counted)["flops"]
+    full_attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t  # per token: the causal half again
+    expected = (cfg.train_flops_per_token(t) / 3 + full_attention) * b * t
+    assert abs(counted - expected) / expected < 0.03, (counted, expected)

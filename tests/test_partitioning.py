@@ -54,8 +54,9 @@ STEP_EQUIVALENCE = """
         moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(ref_state["params"]),
                                                                  jax.tree.leaves(params0)))
         assert moved > 5e-5, moved  # the second step really updates the params
-        for shape in ((2, 2, 2), (1, 8, 1), (8, 1, 1)):
-            layout = Layout(sharding.make_mesh(shape), cfg, tx)
+        # the three meshes, and (2, 2, 2) with sequence parallelism (the residual stream split over tensor)
+        for shape, rules in (((2, 2, 2), ""), ((1, 8, 1), ""), ((8, 1, 1), ""), ((2, 2, 2), "act_seq=tensor")):
+            layout = Layout(sharding.make_mesh(shape), cfg, tx, rules=sharding.parse_rules(rules))
             state, losses = run(layout.train_step(**loss_kw), layout.put_state, layout.put_batch)
             np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=1e-5)
             diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(state["params"]),
@@ -64,7 +65,7 @@ STEP_EQUIVALENCE = """
             wq = state["params"]["layers"]["wq"].sharding.spec
             mu = state["opt_state"][1][0].mu["layers"]["wq"].sharding.spec
             assert wq == mu, (wq, mu)  # Adam moments lie like their params
-            worst[(objective, shape)] = (diff, str(wq))
+            worst[(objective, shape, rules)] = (diff, str(wq))
     for k, v in worst.items():
         print("EQUIV", k, v)
 """
@@ -74,7 +75,7 @@ STEP_EQUIVALENCE = """
 def test_critic_and_dpo_steps_match_one_device_on_three_meshes():
     out = run_with_devices(STEP_EQUIVALENCE)
     lines = [line for line in out.splitlines() if line.startswith("EQUIV")]
-    assert len(lines) == 6, out
+    assert len(lines) == 8, out
     assert "P(None, 'fsdp', 'tensor', None)" in out  # (2, 2, 2): wq split over fsdp and tensor
     assert "P(None, 'fsdp', None, None)" in out  # fsdp=8
 

@@ -2,6 +2,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from multidevice import run_with_devices
 
+from sweet_jax import sharding
 from sweet_jax.sharding import DEFAULT_RULES, logical_to_spec
 
 
@@ -35,3 +36,13 @@ def test_mesh_inference_divisibility_and_axis_reuse():
         print("OK")
     """)
     assert out.count("rejected:") == 2 and "OK" in out
+
+
+def test_rule_overrides_replace_entries_and_name_bad_ones():
+    rules = dict(sharding.parse_rules("act_seq=tensor, vocab=none, batch=data+fsdp"))
+    assert rules["act_seq"] == "tensor" and rules["vocab"] is None and rules["batch"] == ("data", "fsdp")
+    assert dict(sharding.parse_rules(""))["embed"] == "fsdp"
+    with pytest.raises(ValueError, match="'sequence=tensor'.*name from"):
+        sharding.parse_rules("sequence=tensor")
+    with pytest.raises(ValueError, match=r"\['model'\] not mesh axes"):
+        sharding.parse_rules("act_seq=model")

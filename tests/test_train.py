@@ -151,7 +151,7 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
 
     bad = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2"), cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=env)  # fsdp=-1: 8 batch shards
-    assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of the mesh's batch shards" \
+    assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 4, so that its 2 x 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
         in bad.stderr, bad.stderr[-2000:]
     few = _run("critic_tiny.py", tmp_path / "few", "--config.mesh.fsdp=4", timeout=300)
     assert few.returncode == 2 and "mesh {'data': 1, 'fsdp': 4, 'tensor': 1} needs 4 devices, have 1" in few.stderr

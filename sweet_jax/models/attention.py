@@ -37,7 +37,7 @@ def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool 
     """q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H]. Softmax in f32.
 
     Queries are processed `q_block` at a time and each block builds its own mask, so memory is O(q_block * S),
-    not O(T * S).
+    not O(T * S), in the forward and the backward pass.
     """
     b, t = q.shape[:2]
     s = k.shape[1]
@@ -49,6 +49,8 @@ def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool 
     segb = jnp.moveaxis(q_segment_ids.reshape(b, nb, q_block), 1, 0)
     offsets = jnp.arange(nb) * q_block + (s - t)
 
+    # Each block is rematerialised in the backward pass, so the gradient keeps no [q_block, S] probabilities either.
+    @jax.checkpoint
     def block(args):
         qi, seg, off = args
         return _attend(qi, k, v, attention_mask(seg, kv_segment_ids, causal, q_offset=off), scale)

@@ -91,6 +91,16 @@ class LlamaConfig:
         per_layer = attn + 3 * d * f + 2 * d
         return v * d * (1 if self.tie_word_embeddings else 2) + l * per_layer + d
 
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs of one training token (forward + backward = 3 x forward) in a causal sequence of `seq_len`
+        tokens: 6 per matmul weight (the LM head included, the embedding lookup not) plus causal attention, whose
+        scores and weighted values cost 2 x 2 x heads x head_dim x (seq_len / 2) per token forward. The MFU
+        numerator: recomputation (remat) is not counted."""
+        d, f, l = self.hidden_size, self.intermediate_size, self.num_layers
+        matmul = l * (d * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads) + 3 * d * f) + d * self.vocab_size
+        attention = l * 2 * self.num_heads * self.head_dim * seq_len
+        return 6.0 * matmul + 3.0 * attention
+
     # ------------------------------------------------------------------ presets
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "LlamaConfig":

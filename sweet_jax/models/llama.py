@@ -137,13 +137,13 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids):
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
     a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
     x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
-    x = constrain(x, ("batch", "seq", "act_embed"))
+    x = constrain(x, ("batch", "act_seq", "act_embed"))
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     g = jnp.einsum("btd,df->btf", h, w["w_gate"])
     u = jnp.einsum("btd,df->btf", h, w["w_up"])
     m = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
     x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
-    return constrain(x, ("batch", "seq", "act_embed"))
+    return constrain(x, ("batch", "act_seq", "act_embed"))
 
 
 def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids):
@@ -172,7 +172,7 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
     # a lookup into a hidden-sharded table has no efficient partitioning.
     table = constrain(params["embed"], ("vocab", "act_embed"))
     x = jnp.take(table, tokens, axis=0).astype(dt)
-    x = constrain(x, ("batch", "seq", "act_embed"))
+    x = constrain(x, ("batch", "act_seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
 
     layer_fn = functools.partial(_decoder_layer, cfg)

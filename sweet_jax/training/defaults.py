@@ -63,8 +63,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.freeze = ""  # comma-separated top-level parameters that stay fixed (no gradient, no Adam state): "embed"
 
     # The device mesh (sweet_jax.sharding): one size may be -1, inferred from the device count. Batches split over
-    # data x fsdp, so optim.micro_batch_size must be a multiple of that product.
+    # data x fsdp, so a micro-batch must have a multiple of that many sequences (a pair is two).
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    # Overrides of the logical-axis rules table (sweet_jax.sharding.DEFAULT_RULES), "name=axis,...". With a tensor
+    # axis, "act_seq=tensor" also splits the residual stream's sequence over it (Megatron sequence parallelism),
+    # dividing the activations kept for the backward pass by the tensor size.
+    c.mesh.rules = ""
 
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 1
@@ -88,6 +92,7 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
     c = base_config()
     c.objective = objective
     c.model.hf_path = "checkpoints/Llama-3.1-8B-Instruct"
+    c.model.preset = "llama3.1-8b"  # the architecture for `sweet_jax.plan` when hf_path is not at hand
     c.model.compute_dtype = "bfloat16"
     c.model.remat_policy = "dots_no_batch"
     c.data.path = "data/colbench_code_offline_15k_llama8b.jsonl"
@@ -115,6 +120,7 @@ def derived_from(config_file: str, sibling: str) -> ml_collections.ConfigDict:
 def to_70b(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """The same recipe on Llama-3.1-70B-Instruct (Table 4), with full rematerialisation."""
     c.model.hf_path = "checkpoints/Llama-3.1-70B-Instruct"
+    c.model.preset = "llama3.1-70b"
     c.model.remat_policy = "full"
     c.train.output_dir = f"runs/{name}"
     return c

@@ -16,6 +16,7 @@ and compiled with explicit input and output shardings; the state is donated.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,10 @@ class Layout:
         spec = sharding.logical_to_spec(("batch",), self.rules, self.mesh)[0]
         axes = () if spec is None else ((spec,) if isinstance(spec, str) else spec)
         return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+    def items_multiple(self, rows_per_item: int) -> int:
+        """Batches need a multiple of this many items (pairs: 2 rows each) to split evenly over the batch shards."""
+        return self.batch_shards // math.gcd(self.batch_shards, rows_per_item)
 
     def batch_sharding(self, ndim: int, shape=None) -> NamedSharding:
         names = ("batch",) + (None,) * (ndim - 1)

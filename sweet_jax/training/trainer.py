@@ -101,11 +101,11 @@ class Batcher:
         self.pad_id = pad_id
         self.nll_span = cfg.loss.nll_span
         self.layout = layout
-        self.multiple = layout.batch_shards if layout is not None else 1
 
     def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
-        p, extra = len(items), -len(items) % self.multiple
+        multiple = self.layout.items_multiple(2 if split.paired else 1) if self.layout is not None else 1
+        p, extra = len(items), -len(items) % multiple
         if split.paired:  # chosen, padding, rejected, padding
             rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
         else:
@@ -229,13 +229,16 @@ def run(cfg) -> dict:
     try:
         obj.split_params(models.abstract_params(model_cfg), freeze)
         mesh = sharding.make_mesh({axis: int(cfg.mesh[axis]) for axis in sharding.MESH_AXES})
+        rules = sharding.parse_rules(cfg.mesh.rules)
     except ValueError as e:
-        raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor)") from None
-    layout = partitioning.Layout(mesh, model_cfg, tx, freeze)
-    if micro % layout.batch_shards:
-        raise SetupError(f"optim.micro_batch_size={micro} must be a multiple of the mesh's batch shards "
-                         f"(data x fsdp = {layout.batch_shards}): set optim.micro_batch_size={layout.batch_shards} "
-                         f"(and optim.batch_size to a multiple of it)")
+        raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor, mesh.rules)") from None
+    layout = partitioning.Layout(mesh, model_cfg, tx, freeze, rules)
+    multiple = layout.items_multiple(2 if paired else 1)
+    if micro % multiple:
+        raise SetupError(f"optim.micro_batch_size={micro} must be a multiple of {multiple}, so that its "
+                         f"{'2 x ' if paired else ''}{micro} sequences split over the mesh's batch shards (data x "
+                         f"fsdp = {layout.batch_shards}): set optim.micro_batch_size={multiple} (and "
+                         f"optim.batch_size to a multiple of it)")
     log.info("mesh %s on %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size, jax.devices()[0].platform,
              jax.process_count())
     params0 = load_params(cfg.model, model_cfg, layout.params)

@@ -1,0 +1,175 @@
+"""Will it fit? `python -m sweet_jax.plan --config configs/critic_8b.py --mesh fsdp=8 [--hbm-gib 80]`.
+
+Compiles the job's real train step for the mesh on fake CPU devices (abstract shapes, nothing allocated, no
+accelerator needed) and prints per-device memory from XLA's memory analysis and the model FLOPs of a step. Exits 1
+when the step is over the per-device budget, after naming the remat setting that would fit (or saying none does);
+exit 2 for bad input. Config overrides work as in `sweet_jax.train` (`--config.data.max_len=16384`).
+
+    --mesh        axis sizes, e.g. "fsdp=8" or "data=2,fsdp=4,tensor=8"; unnamed axes are 1; default: the config's
+                  mesh (a -1 there needs --devices).
+    --devices     the device count, when the mesh has a -1.
+    --seq-len     tokens per sequence (default: data.max_len).
+    --hbm-gib     per-device memory budget in GiB (default 80: an H100 / A100-80G; an H200 has 141, a TPU v5p 95).
+    --json        also write the figures to this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from sweet_jax.cli import parse_flags
+
+config_flags.DEFINE_config_file("config", None, "A job config file under configs/.", lock_config=True)
+flags.DEFINE_string("mesh", None, 'Mesh axis sizes, e.g. "fsdp=8" or "data=2,fsdp=2,tensor=2".')
+flags.DEFINE_integer("devices", None, "Device count (only needed when the mesh has a -1).")
+flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: data.max_len).")
+flags.DEFINE_float("hbm_gib", 80.0, "Per-device memory budget, GiB.")
+flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
+flags.DEFINE_boolean("search", True, "When over budget, plan the stronger remat policies too.")
+FLAGS = flags.FLAGS
+
+AXES = ("data", "fsdp", "tensor")
+
+
+class PlanError(ValueError):
+    pass
+
+
+def parse_mesh(text: str | None, config_mesh: dict, devices: int | None) -> tuple[dict, int]:
+    """({axis: size}, device count) from "fsdp=8"-style text (or the config's mesh)."""
+    if text:
+        sizes = dict.fromkeys(AXES, 1)
+        for part in text.split(","):
+            name, _, value = part.partition("=")
+            name = name.strip()
+            if name not in AXES or not value.strip().lstrip("-").isdigit():
+                raise PlanError(f"--mesh {text!r}: expected comma-separated axis=size with axes {AXES}, "
+                                f"e.g. fsdp=8 or data=2,fsdp=4")
+            sizes[name] = int(value)
+    else:
+        sizes = {a: int(config_mesh[a]) for a in AXES}
+    if any(s == 0 or s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise PlanError(f"mesh {sizes}: sizes must be positive, with at most one -1")
+    known = 1
+    for s in sizes.values():
+        known *= s if s != -1 else 1
+    if -1 in sizes.values():
+        if devices is None:
+            raise PlanError(f"mesh {sizes} has a -1: give --devices N, or name every size in --mesh")
+        if devices % known:
+            raise PlanError(f"{devices} devices do not divide into mesh {sizes}")
+        sizes = {a: (devices // known if s == -1 else s) for a, s in sizes.items()}
+    elif devices is not None and devices != known:
+        raise PlanError(f"mesh {sizes} has {known} devices, but --devices={devices}")
+    return sizes, sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2 ** 30:8.2f} GiB"
+
+
+def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
+    p = result["plan"]
+    n = p.devices
+    unit = "pairs" if cfg.objective != "sft" else "examples"
+    lines = [
+        f"plan: objective {cfg.objective} on mesh {mesh_sizes} ({n} devices)"
+        + (f", rules {cfg.mesh.rules}" if cfg.mesh.rules else ""),
+        f"model: {model_cfg.num_params() / 1e9:.2f}B params{arch_note}; params {model_cfg.param_dtype}, compute "
+        f"{model_cfg.compute_dtype}, remat {model_cfg.remat_policy}, attention {model_cfg.attention_impl}"
+        + (" (the blockwise einsum on these CPU devices; GPU/TPU kernels need less)"
+           if model_cfg.attention_impl == "auto" else ""),
+        f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} sequences x {p.seq_len} tokens, every token "
+        f"scored (worst case); {p.sequences * p.seq_len // (mesh_sizes['data'] * mesh_sizes['fsdp'])} tokens per batch "
+        f"shard",
+    ]
+    if p.micro_batch_size != int(cfg.optim.micro_batch_size):
+        lines.append(f"  note: optim.micro_batch_size={cfg.optim.micro_batch_size} does not split over the "
+                     f"{mesh_sizes['data'] * mesh_sizes['fsdp']} batch shards (data x fsdp); planned with "
+                     f"{p.micro_batch_size}, the smallest that does, as the trainer requires (set "
+                     f"--config.optim.micro_batch_size)")
+    lines += [
+        "per device (XLA memory analysis of the compiled step):",
+        f"  params            {_gib(p.params_bytes)}",
+        f"  optimiser state   {_gib(p.opt_state_bytes)}  (Adam moments, accumulated gradients)",
+        f"  arguments         {_gib(p.argument_bytes)}  (state + batch)",
+        f"  outputs           {_gib(p.output_bytes)}  ({_gib(p.alias_bytes).strip()} written in place over donated "
+        f"arguments)",
+        f"  temporaries       {_gib(p.temp_bytes)}  (activations kept for the backward pass, working set)",
+    ]
+    if p.frozen_reference_bytes:
+        lines.append(f"  frozen reference  {_gib(p.frozen_reference_bytes)}  (loss.reference=recompute)")
+    lines += [
+        f"  total             {_gib(p.total_bytes)}  {'<=' if result['fits'] else '>'} budget {hbm_gib:g} GiB",
+        f"model FLOPs per micro-step: {p.model_flops:.3e} ({p.model_flops / n:.3e} per device)",
+        f"compiled in {p.compile_seconds:.1f} s",
+    ]
+    if result["fits"]:
+        lines.append("verdict: FITS")
+        return "\n".join(lines)
+    for alt in result["alternatives"]:
+        lines.append(f"  with remat_policy={alt.remat_policy:<14} total {_gib(alt.total_bytes)} "
+                     f"(temporaries {_gib(alt.temp_bytes).strip()})")
+    if result["suggestion"]:
+        lines.append(f"verdict: OVER BUDGET; fits with {result['suggestion']}")
+    else:
+        best = min([p] + result["alternatives"], key=lambda q: q.total_bytes)
+        lines.append(f"verdict: OVER BUDGET with every remat policy (least: {_gib(best.total_bytes).strip()} with "
+                     f"remat_policy={best.remat_policy}); use more devices (a larger fsdp or tensor axis), shorter "
+                     f"sequences, or a smaller micro-batch")
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    cfg = FLAGS.config
+    if cfg is None:
+        raise app.UsageError("--config is required, e.g. --config configs/critic_8b.py --mesh fsdp=8")
+    try:
+        sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Fake CPU devices, set before jax starts: the plan needs no accelerator and allocates nothing.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               f"--xla_force_host_platform_device_count={devices}").strip()
+    import jax
+
+    from sweet_jax import models, sharding
+    from sweet_jax.training import aot, trainer
+
+    if jax.device_count() != devices:
+        print(f"error: jax started with {jax.device_count()} devices, not {devices} (was it imported before "
+              f"sweet_jax.plan set XLA_FLAGS?)", file=sys.stderr)
+        return 2
+    arch_note = ""
+    try:
+        if cfg.model.hf_path and not os.path.isdir(cfg.model.hf_path):
+            arch_note = f" (preset {cfg.model.preset}: {cfg.model.hf_path} is not here)"
+            cfg.model.hf_path = ""
+        model_cfg = trainer.model_config(cfg.model)
+        seq_len = FLAGS.seq_len or int(cfg.data.max_len)
+        mesh = sharding.make_mesh(sizes)
+        result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search)
+    except (models.ConfigError, trainer.SetupError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report(result, cfg, model_cfg, sizes, FLAGS.hbm_gib, arch_note))
+    if FLAGS.json:
+        doc = {"mesh": sizes, "hbm_gib": FLAGS.hbm_gib, "fits": result["fits"], "suggestion": result["suggestion"],
+               "plan": result["plan"].as_dict(), "alternatives": [a.as_dict() for a in result["alternatives"]]}
+        tmp = f"{FLAGS.json}.tmp-{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh, indent=2)
+        os.replace(tmp, FLAGS.json)
+    return 0 if result["fits"] else 1
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

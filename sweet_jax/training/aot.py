@@ -1,0 +1,142 @@
+"""Ahead-of-time plans: compile a job's real train step for a mesh from abstract shapes, and read off its memory.
+
+`plan_job(cfg, mesh, seq_len, hbm_gib)` lowers and compiles the same step `trainer.run` would run (the
+`partitioning.Layout` train step, with the job's objective, optimiser, gradient accumulation, frozen params and
+remat policy) for the worst-case batch: `optim.micro_batch_size` pairs (or examples) of `seq_len` tokens, every one
+scored. Nothing is allocated; the mesh may be made of fake CPU devices (`sweet_jax.plan` sets them up), so a
+64-device plan runs on a laptop.
+
+Memory comes from XLA's buffer assignment of the compiled program, per device: arguments (params, optimiser state,
+batch), outputs, the part of the outputs that reuses donated arguments, and temporaries (activations saved for the
+backward pass, the working set). When the plan runs on CPU devices those are XLA:CPU's figures for the same program;
+GPU and TPU compilers fuse more aggressively, so their temporaries are usually smaller, and the plan errs high.
+
+FLOPs are model FLOPs (`LlamaConfig.train_flops_per_token`), the numerator of MFU; XLA's own count is not used
+because it counts the body of the layer scan once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sweet_jax import models, sharding
+from sweet_jax.training import objective as obj
+from sweet_jax.training.optim import make_optimizer
+from sweet_jax.training.partitioning import Layout
+
+# From the most activation memory saved for the backward pass to the least (the search order for a plan that fits).
+REMAT_BY_MEMORY = ("none", "dots", "dots_no_batch", "qkv_proj", "full")
+GiB = 2 ** 30
+
+
+@dataclasses.dataclass
+class Plan:
+    remat_policy: str
+    micro_batch_size: int  # pairs (paired objectives) or examples
+    sequences: int  # rows of one micro-batch
+    seq_len: int
+    params_bytes: float  # per device, each array's shard
+    opt_state_bytes: float
+    frozen_reference_bytes: float  # loss.reference="recompute": the frozen copy of the params
+    argument_bytes: float  # XLA: every input of the step (state and batch)
+    output_bytes: float
+    alias_bytes: float  # outputs written into donated inputs
+    temp_bytes: float
+    compile_seconds: float
+    model_flops: float  # one micro-step, all devices
+    devices: int
+
+    @property
+    def total_bytes(self) -> float:
+        """Peak per-device memory: inputs, outputs that are not written in place, temporaries, and a frozen
+        reference copy when there is one."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.frozen_reference_bytes)
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total_bytes": self.total_bytes,
+                "model_flops_per_device": self.model_flops / self.devices}
+
+
+def _per_device_bytes(tree) -> float:
+    """Bytes of one device's shard of every array in a tree of sharded ShapeDtypeStructs."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+    return float(total)
+
+
+def abstract_batch(layout: Layout, rows: int, seq_len: int, paired: bool) -> dict:
+    """The worst-case batch: `rows` sequences of `seq_len` tokens, every position gathered for the loss."""
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.batch_sharding(len(shape), shape))
+
+    batch = {k: sds((rows, seq_len), bool if k in ("gather_score", "gather_nll") else jnp.int32)
+             for k in obj.MODEL_INPUTS}
+    if paired:
+        batch["ref"] = sds((rows,), jnp.float32)
+    return batch
+
+
+def micro_batch_for(cfg, multiple: int) -> int:
+    """The job's micro-batch, raised to the smallest multiple of `multiple` (`Layout.items_multiple`: the trainer
+    requires one)."""
+    micro = int(cfg.optim.micro_batch_size)
+    return micro if micro % multiple == 0 else -(-micro // multiple) * multiple
+
+
+def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int):
+    """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`."""
+    accumulation = max(1, int(cfg.optim.batch_size) // micro)
+    tx = make_optimizer(cfg.optim, 1000, accumulation)
+    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
+    layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(cfg.mesh.rules))
+    paired = cfg.objective != "sft"
+    batch = abstract_batch(layout, 2 * micro if paired else micro, seq_len, paired)
+    step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
+                             chunk=cfg.train.logprob_chunk)
+    return step.lower(layout.abstract_state(), batch).compile(), layout
+
+
+def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int) -> Plan:
+    t0 = time.time()
+    compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro)
+    seconds = time.time() - t0
+    mem = compiled.memory_analysis()
+    state = layout.abstract_state()
+    paired = cfg.objective != "sft"
+    rows = 2 * micro if paired else micro
+    frozen = _per_device_bytes(state["params"]) if paired and cfg.loss.reference == "recompute" else 0.0
+    return Plan(
+        remat_policy=model_cfg.remat_policy, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
+        params_bytes=_per_device_bytes(state["params"]), opt_state_bytes=_per_device_bytes(state["opt_state"]),
+        frozen_reference_bytes=frozen, argument_bytes=float(mem.argument_size_in_bytes),
+        output_bytes=float(mem.output_size_in_bytes), alias_bytes=float(mem.alias_size_in_bytes),
+        temp_bytes=float(mem.temp_size_in_bytes), compile_seconds=seconds,
+        model_flops=model_cfg.train_flops_per_token(seq_len) * rows * seq_len, devices=mesh.size)
+
+
+def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True) -> dict:
+    """The job's plan, and (when it is over budget and `search`) the plans of the stronger remat policies up to the
+    first one that fits. Returns {"plan", "fits", "alternatives", "suggestion"}."""
+    micro = micro_batch_for(cfg, Layout(mesh, model_cfg, None).items_multiple(2 if cfg.objective != "sft" else 1))
+    main = plan_step(cfg, model_cfg, mesh, seq_len, micro)
+    budget = hbm_gib * GiB
+    out = {"plan": main, "fits": main.total_bytes <= budget, "alternatives": [], "suggestion": None}
+    if out["fits"] or not search:
+        return out
+    order = REMAT_BY_MEMORY
+    start = order.index(model_cfg.remat_policy) + 1 if model_cfg.remat_policy in order else 0
+    for policy in order[start:]:
+        alt = plan_step(cfg, model_cfg.replace(remat_policy=policy), mesh, seq_len, micro)
+        out["alternatives"].append(alt)
+        if alt.total_bytes <= budget:
+            out["suggestion"] = f"--config.model.remat_policy={policy}"
+            break
+    return out
