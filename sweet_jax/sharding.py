@@ -112,6 +112,12 @@ def use_mesh(mesh: Mesh, rules: Rules = DEFAULT_RULES):
         _ACTIVE.reset(token)
 
 
+def active() -> tuple[Mesh, Rules] | None:
+    """The (mesh, rules) of the enclosing `use_mesh` block, or None: for code that must map over shards itself (a
+    Pallas kernel under `jax.shard_map`)."""
+    return _ACTIVE.get()
+
+
 def constrain(x, names: Sequence[str | None]):
     """Sharding constraint by logical names; identity when no mesh is active."""
     active = _ACTIVE.get()

@@ -4,7 +4,10 @@ Implementations (chosen by `LlamaConfig.attention_impl`):
 - "reference": grouped-query einsum with an explicit boolean mask and f32 softmax. The CPU path and the ground truth.
 - "xla": `jax.nn.dot_product_attention(implementation="xla")`.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only).
-- "auto": cudnn on GPU when the compute dtype allows it, otherwise the reference.
+- "splash": Pallas splash attention (TPU). Under a mesh it runs per shard through `jax.shard_map` (batch and heads
+  split as their logical names say, sequences whole). Off TPU it runs in Pallas interpret mode: slow, for tests only.
+- "auto": splash on TPU when the sequence length is a multiple of 128, cudnn on GPU when the compute dtype allows it,
+  otherwise the reference.
 
 Masking: token i attends to token j iff j <= i (by array index) and segment_ids[i] == segment_ids[j]. Segment ids thus
 express both padding (pad = 0, real = 1) and packed sequences (1, 1, 2, 2, 2, 0). Every token can at least attend to
@@ -13,8 +16,12 @@ itself, so no row is ever fully masked and no NaNs arise on padding.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+from sweet_jax import sharding
 
 
 def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, causal: bool = True,
@@ -70,9 +77,12 @@ def _attend(q, k, v, mask, scale: float):
     return out.reshape(b, t, n, h)
 
 
-def resolve_impl(impl: str, dtype) -> str:
+def resolve_impl(impl: str, dtype, lengths: tuple[int, ...] = ()) -> str:
+    """The implementation "auto" stands for on this backend, for these dtypes and (query, key) lengths."""
     if impl != "auto":
         return impl
+    if jax.default_backend() == "tpu" and all(n % SPLASH_BLOCK == 0 for n in lengths):
+        return "splash"
     if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return "cudnn"
     return "reference"
@@ -81,7 +91,7 @@ def resolve_impl(impl: str, dtype) -> str:
 def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True):
     """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype."""
     scale = q.shape[-1] ** -0.5
-    impl = resolve_impl(impl, q.dtype)
+    impl = resolve_impl(impl, q.dtype, (q.shape[1], k.shape[1]))
     if impl == "reference":
         return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale)
     if impl in ("xla", "cudnn"):
@@ -92,4 +102,61 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
         mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square)
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
                                             implementation=impl).astype(q.dtype)
+    if impl == "splash":
+        return splash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale)
     raise ValueError(f"unknown attention implementation {impl!r}")
+
+
+# ----------------------------------------------------------------------------------------------- splash (TPU)
+SPLASH_BLOCK = 128  # the kernel's tile: sequence lengths must be multiples of it
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(heads: int, t: int, s: int, causal: bool, interpret: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    if t % SPLASH_BLOCK or s % SPLASH_BLOCK:
+        raise ValueError(f"splash attention needs sequence lengths that are multiples of {SPLASH_BLOCK}, got "
+                         f"{t} queries and {s} keys; use attention_impl='reference' (or 'auto')")
+    one = sm.CausalMask((t, s), offset=s - t) if causal else sm.FullMask((t, s))
+    bq, bkv = (max(b for b in (512, 256, 128) if n % b == 0) for n in (t, s))
+    blocks = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
+                           block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+    kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * heads), head_shards=1, q_seq_shards=1, block_sizes=blocks,
+                                interpret=interpret)
+    return kernel, sk.SegmentIds
+
+
+def _splash_local(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool, scale: float):
+    """Splash on one device's (or shard's) arrays: the kernel is per example, [heads, seq, head_dim]."""
+    interpret = jax.default_backend() != "tpu"
+    kernel, segment_ids = _splash_kernel(q.shape[2], q.shape[1], k.shape[1], causal, interpret)
+
+    def one(qi, ki, vi, qs, ks):
+        out = kernel((qi * scale).swapaxes(0, 1), ki.swapaxes(0, 1), vi.swapaxes(0, 1),
+                     segment_ids=segment_ids(qs, ks))
+        return out.swapaxes(0, 1)
+
+    return jax.vmap(one)(q, k, v, q_segment_ids, kv_segment_ids).astype(q.dtype)
+
+
+def splash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = True, scale: float | None = None):
+    """Pallas splash attention; same contract as `reference_attention`. Under an active mesh (`sharding.use_mesh`)
+    each shard runs the kernel on its own examples and heads; a layout that splits query heads and key/value heads
+    unevenly (more tensor shards than kv heads) is refused, since the kernel needs whole GQA groups."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    local = functools.partial(_splash_local, causal=causal, scale=scale)
+    active = sharding.active()
+    if active is None:
+        return local(q, k, v, q_segment_ids, kv_segment_ids)
+    mesh, rules = active
+    qspec = sharding.logical_to_spec(("batch", None, "q_heads", None), rules, mesh, q.shape)
+    kspec = sharding.logical_to_spec(("batch", None, "kv_heads", None), rules, mesh, k.shape)
+    if qspec[2] != kspec[2]:
+        raise ValueError(f"splash attention under this mesh would split {q.shape[2]} query heads as {qspec[2]} but "
+                         f"{k.shape[2]} kv heads as {kspec[2]}; use a tensor axis that divides the kv heads, or "
+                         f"attention_impl='reference'")
+    seg = sharding.logical_to_spec(("batch", None), rules, mesh, q_segment_ids.shape)
+    return jax.shard_map(local, mesh=mesh, in_specs=(qspec, kspec, kspec, seg, seg), out_specs=qspec,
+                         check_vma=False)(q, k, v, q_segment_ids, kv_segment_ids)

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "qkv_proj")
-ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -1,0 +1,95 @@
+"""Attention dispatch, and the Pallas splash kernel (run in interpret mode on CPU) against the einsum reference."""
+
+from importlib import import_module
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from multidevice import run_with_devices
+
+attention = import_module("sweet_jax.models.attention")  # the module (sweet_jax.models.attention is the function)
+
+
+def test_auto_picks_splash_on_tpu_cudnn_on_gpu_and_the_reference_elsewhere(monkeypatch):
+    resolve = attention.resolve_impl
+    assert resolve("auto", jnp.bfloat16, (256, 256)) == ("cudnn" if jax.default_backend() == "gpu" else "reference")
+    assert resolve("auto", jnp.float32, (256, 256)) == "reference"
+    assert resolve("splash", jnp.float32, (256, 256)) == "splash"
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert resolve("auto", jnp.bfloat16, (256, 256)) == "splash"
+    assert resolve("auto", jnp.bfloat16, (192, 192)) == "reference"  # not whole 128-token tiles
+    assert resolve("auto", jnp.bfloat16, (1, 256)) == "reference"  # a decode step
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert resolve("auto", jnp.bfloat16, (256, 256)) == "cudnn"
+    assert resolve("auto", jnp.float32, (256, 256)) == "reference"
+
+
+def _inputs(b=2, t=256, s=256, n=4, k=2, h=64, seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
+    kk = jnp.asarray(rng.normal(size=(b, s, k, h)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(b, s, k, h)), jnp.float32)
+    # row 0: two packed documents then padding; row 1: one document, no padding
+    kv_seg = np.zeros((b, s), np.int32)
+    kv_seg[0, :90], kv_seg[0, 90:200] = 1, 2
+    kv_seg[1, :] = 1
+    return q, kk, v, jnp.asarray(kv_seg[:, s - t:]), jnp.asarray(kv_seg)
+
+
+def test_splash_matches_the_reference_values_and_gradients():
+    q, k, v, q_seg, kv_seg = _inputs()
+    ref = attention.reference_attention(q, k, v, q_seg, kv_seg)
+    out = attention.splash_attention(q, k, v, q_seg, kv_seg)
+    np.testing.assert_allclose(out, ref, atol=2e-5)
+
+    def loss(fn):
+        return lambda q, k, v: (fn(q, k, v, q_seg, kv_seg) * jnp.cos(jnp.arange(64.0))).sum()
+
+    g_ref = jax.grad(loss(attention.reference_attention), (0, 1, 2))(q, k, v)
+    g_out = jax.grad(loss(attention.splash_attention), (0, 1, 2))(q, k, v)
+    for a, b in zip(g_out, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_splash_queries_at_the_end_of_longer_keys():
+    q, k, v, q_seg, kv_seg = _inputs(t=128, s=256)
+    ref = attention.reference_attention(q, k, v, q_seg, kv_seg)
+    np.testing.assert_allclose(attention.splash_attention(q, k, v, q_seg, kv_seg), ref, atol=2e-5)
+
+
+def test_splash_refuses_lengths_that_are_not_whole_tiles():
+    q, k, v, q_seg, kv_seg = _inputs(t=192, s=192)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        attention.splash_attention(q, k, v, q_seg, kv_seg)
+
+
+@pytest.mark.slow
+def test_splash_under_a_mesh_runs_per_shard_and_matches_the_reference_model():
+    out = run_with_devices("""
+        import jax, jax.numpy as jnp, numpy as np
+        from sweet_jax import models, sharding
+        cfg = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
+                                        num_heads=4, num_kv_heads=2)
+        params = models.init_params(cfg, jax.random.key(0), std=0.1)
+        rng = np.random.default_rng(0)
+        tokens = jnp.asarray(rng.integers(0, 512, (4, 128)), jnp.int32)
+        seg = jnp.asarray((np.arange(128)[None] < np.array([[128], [100], [60], [128]])).astype(np.int32))
+        pos = jnp.broadcast_to(jnp.arange(128), (4, 128)) * seg
+
+        def loss(p, c):
+            return (models.forward_hidden(p, c, tokens, pos, seg) ** 2).mean()
+
+        ref_val, ref_grad = jax.value_and_grad(loss)(params, cfg.replace(attention_impl="reference"))
+        mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2})
+        with sharding.use_mesh(mesh):
+            fn = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+            text = fn.lower(params, cfg.replace(attention_impl="splash")).as_text()
+            val, grad = fn(params, cfg.replace(attention_impl="splash"))
+        assert "shard_map" in text or "sdy.manual_computation" in text or "custom_call" in text
+        diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)))
+        print("SPLASH", abs(float(val) - float(ref_val)), diff)
+    """, n=4)
+    line = next(x for x in out.splitlines() if x.startswith("SPLASH"))
+    dv, dg = map(float, line.split()[1:])
+    assert dv < 1e-5 and dg < 1e-4, line
