@@ -10,6 +10,8 @@ over a mesh that spans all of them is one global computation. What this module a
     2. the environment of a Cloud TPU pod slice or a SLURM job step with more than one task, which JAX detects itself.
   A single process (no such environment) is left alone.
 - `is_leader()`: process 0, the one that writes run files (config, metrics, caches, the HF export).
+- `env(coordinator, num_processes, process_id)`: the variables above, for launchers (this module imports jax and numpy
+  only inside its functions, so `launch/` can use it on a machine without jax).
 - `from_leader(x)`: process 0's value of `x` on every process, so that all of them take the same branch (a cache that
   only process 0 can see, for instance) and run the same collective computations.
 """
@@ -19,14 +21,16 @@ from __future__ import annotations
 import logging
 import os
 
-import jax
-import numpy as np
-
 log = logging.getLogger("sweet_jax.distributed")
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
+
+
+def env(coordinator: str, num_processes: int, process_id: int | str) -> dict[str, str]:
+    """What a launcher sets for one process (process_id may be a shell expression such as "$SLURM_PROCID")."""
+    return {ENV_COORDINATOR: coordinator, ENV_NUM_PROCESSES: str(num_processes), ENV_PROCESS_ID: str(process_id)}
 
 
 class DistributedError(RuntimeError):
@@ -62,6 +66,8 @@ def _detected_multihost() -> bool:
 
 def initialize() -> bool:
     """Join the job's other processes if there are any. Returns True when the run is multi-process."""
+    import jax
+
     if jax.distributed.is_initialized():
         return jax.process_count() > 1
     explicit = _explicit_env()
@@ -80,11 +86,16 @@ def initialize() -> bool:
 
 
 def is_leader() -> bool:
+    import jax
+
     return jax.process_index() == 0
 
 
 def from_leader(x):
     """Process 0's value of `x` (a bool, number or numpy array with the same shape on every process)."""
+    import jax
+    import numpy as np
+
     if jax.process_count() == 1:
         return x
     from jax.experimental import multihost_utils
@@ -96,6 +107,9 @@ def from_leader(x):
 def to_host(x) -> np.ndarray:
     """A (possibly multi-host) array as one numpy array on every process. A collective when the array spans
     processes: every process must call it, in the same order."""
+    import jax
+    import numpy as np
+
     if getattr(x, "is_fully_addressable", True) or getattr(x, "is_fully_replicated", False):
         return np.asarray(jax.device_get(x))
     from jax.experimental import multihost_utils

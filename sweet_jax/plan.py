@@ -92,7 +92,7 @@ def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_
         lines.append(f"  note: optim.micro_batch_size={cfg.optim.micro_batch_size} does not split over the "
                      f"{mesh_sizes['data'] * mesh_sizes['fsdp']} batch shards (data x fsdp); planned with "
                      f"{p.micro_batch_size}, the smallest that does, as the trainer requires (set "
-                     f"--config.optim.micro_batch_size)")
+                     f"--config.optim.micro_batch_size={p.micro_batch_size} and optim.batch_size to a multiple)")
     lines += [
         "per device (XLA memory analysis of the compiled step):",
         f"  params            {_gib(p.params_bytes)}",
@@ -113,15 +113,16 @@ def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_
         lines.append("verdict: FITS")
         return "\n".join(lines)
     for alt in result["alternatives"]:
-        lines.append(f"  with remat_policy={alt.remat_policy:<14} total {_gib(alt.total_bytes)} "
+        rules = f", rules {alt.rules}" if alt.rules != cfg.mesh.rules else ""
+        lines.append(f"  with remat_policy={alt.remat_policy}{rules}: total {_gib(alt.total_bytes).strip()} "
                      f"(temporaries {_gib(alt.temp_bytes).strip()})")
     if result["suggestion"]:
         lines.append(f"verdict: OVER BUDGET; fits with {result['suggestion']}")
     else:
         best = min([p] + result["alternatives"], key=lambda q: q.total_bytes)
         lines.append(f"verdict: OVER BUDGET with every remat policy (least: {_gib(best.total_bytes).strip()} with "
-                     f"remat_policy={best.remat_policy}); use more devices (a larger fsdp or tensor axis), shorter "
-                     f"sequences, or a smaller micro-batch")
+                     f"remat_policy={best.remat_policy}); use more devices, a tensor axis with sequence parallelism "
+                     f"(--mesh ...,tensor=N --config.mesh.rules=act_seq=tensor), or shorter sequences")
     return "\n".join(lines)
 
 

@@ -1,11 +1,14 @@
 """The benchmark scripts run end to end on a small shape (no timing is asserted: speed lives in bench/)."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from sweet_jax import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,3 +54,19 @@ def test_backend_eval_benchmark_runs():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"ratio sandboxed / in-process: [\d.]+x", proc.stdout), proc.stdout
     assert "records whose reward differs: []" in proc.stdout, proc.stdout
+
+
+def test_mfu_benchmark_runs_and_counts_the_model_flops(tmp_path):
+    out = tmp_path / "mfu.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "mfu.py"), "--layers", "1", "--hidden", "64", "--seq", "256",
+         "--steps", "2", "--warmup", "1", "--peak-tflops", "1", "--dtype", "float32", "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"MFU: [\d.]+% of 1 TFLOP/s peak", proc.stdout), proc.stdout
+    r = json.loads(out.read_text())
+    cfg = models.LlamaConfig.preset("llama3.2-1b", num_layers=1, hidden_size=64, intermediate_size=256, num_heads=4,
+                                    num_kv_heads=2)
+    assert r["sequences"] == 2 and r["seq"] == 256
+    assert abs(r["model_tflops_per_step"] * 1e12 - cfg.train_flops_per_token(256) * 2 * 256) < 1e3
+    assert abs(r["mfu"] - r["model_tflops_per_step"] / r["step_s"] / 1.0) < 1e-9

@@ -37,6 +37,7 @@ GiB = 2 ** 30
 @dataclasses.dataclass
 class Plan:
     remat_policy: str
+    rules: str  # mesh.rules overrides
     micro_batch_size: int  # pairs (paired objectives) or examples
     sequences: int  # rows of one micro-batch
     seq_len: int
@@ -91,12 +92,12 @@ def micro_batch_for(cfg, multiple: int) -> int:
     return micro if micro % multiple == 0 else -(-micro // multiple) * multiple
 
 
-def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int):
-    """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`."""
+def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str):
+    """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`, with `rules` overrides."""
     accumulation = max(1, int(cfg.optim.batch_size) // micro)
     tx = make_optimizer(cfg.optim, 1000, accumulation)
     freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
-    layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(cfg.mesh.rules))
+    layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(rules))
     paired = cfg.objective != "sft"
     batch = abstract_batch(layout, 2 * micro if paired else micro, seq_len, paired)
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
@@ -104,9 +105,9 @@ def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: 
     return step.lower(layout.abstract_state(), batch).compile(), layout
 
 
-def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int) -> Plan:
+def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str) -> Plan:
     t0 = time.time()
-    compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro)
+    compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro, rules)
     seconds = time.time() - t0
     mem = compiled.memory_analysis()
     state = layout.abstract_state()
@@ -114,7 +115,7 @@ def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int
     rows = 2 * micro if paired else micro
     frozen = _per_device_bytes(state["params"]) if paired and cfg.loss.reference == "recompute" else 0.0
     return Plan(
-        remat_policy=model_cfg.remat_policy, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
+        remat_policy=model_cfg.remat_policy, rules=rules, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
         params_bytes=_per_device_bytes(state["params"]), opt_state_bytes=_per_device_bytes(state["opt_state"]),
         frozen_reference_bytes=frozen, argument_bytes=float(mem.argument_size_in_bytes),
         output_bytes=float(mem.output_size_in_bytes), alias_bytes=float(mem.alias_size_in_bytes),
@@ -123,20 +124,30 @@ def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int
 
 
 def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True) -> dict:
-    """The job's plan, and (when it is over budget and `search`) the plans of the stronger remat policies up to the
-    first one that fits. Returns {"plan", "fits", "alternatives", "suggestion"}."""
+    """The job's plan and, when it is over budget (and `search`), the plans of the settings that save memory, up to
+    the first one that fits: each stronger remat policy, then (with a tensor axis) sequence parallelism on top of full
+    remat. Returns {"plan", "fits", "alternatives", "suggestion"}."""
     micro = micro_batch_for(cfg, Layout(mesh, model_cfg, None).items_multiple(2 if cfg.objective != "sft" else 1))
-    main = plan_step(cfg, model_cfg, mesh, seq_len, micro)
+    rules = cfg.mesh.rules
+    main = plan_step(cfg, model_cfg, mesh, seq_len, micro, rules)
     budget = hbm_gib * GiB
     out = {"plan": main, "fits": main.total_bytes <= budget, "alternatives": [], "suggestion": None}
     if out["fits"] or not search:
         return out
+    candidates = []
     order = REMAT_BY_MEMORY
     start = order.index(model_cfg.remat_policy) + 1 if model_cfg.remat_policy in order else 0
     for policy in order[start:]:
-        alt = plan_step(cfg, model_cfg.replace(remat_policy=policy), mesh, seq_len, micro)
+        candidates.append((f"--config.model.remat_policy={policy}", model_cfg.replace(remat_policy=policy), rules))
+    if mesh.shape["tensor"] > 1 and dict(sharding.parse_rules(rules))["act_seq"] is None:
+        sp = ",".join(filter(None, [rules, "act_seq=tensor"]))
+        flags = f"--config.mesh.rules={sp}" + ("" if model_cfg.remat_policy == "full" else
+                                               " --config.model.remat_policy=full")
+        candidates.append((flags, model_cfg.replace(remat_policy="full"), sp))
+    for flags, alt_cfg, alt_rules in candidates:
+        alt = plan_step(cfg, alt_cfg, mesh, seq_len, micro, alt_rules)
         out["alternatives"].append(alt)
         if alt.total_bytes <= budget:
-            out["suggestion"] = f"--config.model.remat_policy={policy}"
+            out["suggestion"] = flags
             break
     return out

@@ -1,0 +1,118 @@
+"""The launchers in launch/: their dry runs, and real local runs through stand-ins for gcloud and srun that start
+the processes on this machine, which then join one JAX job."""
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOIN = ("from sweet_jax import distributed; distributed.initialize(); import jax, os; "
+        "os.write(1, b'JOINED %d %d %d\\n' % (jax.process_index(), jax.process_count(), jax.device_count()))")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _shim(directory, name, body):
+    path = os.path.join(directory, name)
+    with open(path, "w") as fh:
+        fh.write("#!/usr/bin/env bash\n" + textwrap.dedent(body))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+    return path
+
+
+def _env(tmp_path, **extra):
+    return dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", JAX_PLATFORMS="cpu",
+                XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
+
+
+def _launch(script, *args, env=None, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+# ------------------------------------------------------------------------------------------------ TPU pod slice
+def _fake_gcloud(tmp_path):
+    # describe: two workers on this machine; ssh --worker=i --command C: run C here.
+    return _shim(tmp_path, "gcloud", """
+        if [ "$4" = describe ]; then
+            echo '{"networkEndpoints": [{"ipAddress": "127.0.0.1"}, {"ipAddress": "127.0.0.1"}]}'; exit 0
+        fi
+        while [ $# -gt 0 ]; do [ "$1" = --command ] && exec bash -c "$2"; shift; done
+        exit 99
+    """)
+
+
+def test_tpu_pod_dry_run_prints_one_ssh_per_worker():
+    proc = _launch("tpu_pod.py", "--tpu", "pod", "--zone", "us-east5-a", "--workers", "4", "--dry-run", "--",
+                   "python", "-m", "sweet_jax.train", "--config", "configs/critic_8b.py", "--config.data.path=a b.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert len(lines) == 4
+    for i, line in enumerate(lines):
+        assert line.startswith(f"gcloud compute tpus tpu-vm ssh pod --zone us-east5-a --worker={i} --command ")
+        assert f"JAX_PROCESS_ID={i} " in line and "JAX_NUM_PROCESSES=4" in line
+        assert "JAX_COORDINATOR_ADDRESS=WORKER0_IP:8476" in line and "'--config.data.path=a b.jsonl'" in line
+    assert "describe pod --zone us-east5-a" in proc.stdout  # how to find the IP
+
+
+def test_tpu_pod_launch_joins_every_worker_into_one_job(tmp_path):
+    gcloud = _fake_gcloud(tmp_path)
+    proc = _launch("tpu_pod.py", "--tpu", "pod", "--zone", "z", "--gcloud", gcloud, "--repo-dir", ROOT,
+                   "--port", str(_port()), "--log-dir", str(tmp_path / "logs"), "--", sys.executable, "-c", JOIN,
+                   env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[worker 0] JOINED 0 2 4" in proc.stdout and "[worker 1] JOINED 1 2 4" in proc.stdout
+    assert "JOINED 1 2 4" in (tmp_path / "logs" / "worker-1.log").read_text()
+
+
+def test_tpu_pod_stops_everything_when_a_worker_fails(tmp_path):
+    gcloud = _fake_gcloud(tmp_path)
+    code = "import os, sys, time; sys.exit(3) if os.environ['JAX_PROCESS_ID'] == '1' else time.sleep(120)"
+    proc = _launch("tpu_pod.py", "--tpu", "pod", "--zone", "z", "--gcloud", gcloud, "--repo-dir", ROOT,
+                   "--log-dir", str(tmp_path / "logs"), "--", sys.executable, "-c", code, env=_env(tmp_path),
+                   timeout=60)
+    assert proc.returncode == 3 and "worker 1 exited with 3; stopping the others" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------ SLURM
+def test_slurm_dry_run_prints_a_valid_sbatch_script(tmp_path):
+    proc = _launch("slurm.py", "--nodes", "4", "--gpus-per-node", "8", "--partition", "gpu", "--time", "24:00:00",
+                   "--dry-run", "--", "python", "-m", "sweet_jax.train", "--config", "configs/critic_8b.py")
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=24:00:00", "#SBATCH --requeue",
+                 "export JAX_NUM_PROCESSES=$SLURM_NTASKS"):
+        assert line in script.splitlines(), line
+    assert "exec python -m sweet_jax.train --config configs/critic_8b.py" in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_slurm_job_joins_every_task_into_one_job(tmp_path):
+    # scontrol: the allocation's first node is this machine; srun: start $SLURM_NTASKS tasks here.
+    _shim(tmp_path, "scontrol", "echo 127.0.0.1; echo node-2\n")
+    _shim(tmp_path, "srun", """
+        while [ "${1#--}" != "$1" ]; do shift; done
+        for i in $(seq 0 $((SLURM_NTASKS - 1))); do SLURM_PROCID=$i "$@" & done
+        wait
+    """)
+    proc = _launch("slurm.py", "--nodes", "2", "--gpus-per-node", "2", "--repo-dir", ROOT,
+                   "--venv", os.path.dirname(os.path.dirname(sys.executable)), "--port", str(_port()),
+                   "--log-dir", str(tmp_path / "logs"), "--dry-run", "--", sys.executable, "-c", JOIN)
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(proc.stdout)
+    job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
+                         env=_env(tmp_path, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[1-2]", SLURM_NTASKS="2"))
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    joined = sorted(line for line in job.stdout.splitlines() if line.startswith("JOINED"))
+    assert joined == ["JOINED 0 2 4", "JOINED 1 2 4"], job.stdout
