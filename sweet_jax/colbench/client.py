@@ -1,0 +1,90 @@
+"""An asyncio client for OpenAI-compatible endpoints (vLLM, the project's own server, hosted APIs). Imports no JAX.
+
+    client = LLMClient(base_url="http://127.0.0.1:8000/v1", model="meta-llama/Llama-3.1-70B-Instruct")
+    reply = await client.chat([{"role": "user", "content": "hi"}], temperature=0, max_tokens=64)
+    text = await client.complete(templated_prompt, temperature=1.0, max_tokens=1024)
+
+- The API key comes from the environment variable `api_key_env` (default OPENAI_API_KEY; a placeholder is used when
+  it is unset, which local servers accept).
+- At most `concurrency` requests are in flight per client.
+- Each attempt has a timeout. Rate limits (429), server errors (5xx), timeouts and dropped connections are retried
+  with exponential backoff and jitter, up to `max_retries` times. Other errors (a 400, say) are raised at once:
+  callers decide (the simulator turns a BadRequestError into "No response.", as the official code does).
+- `stats` counts calls, retries and failures, for progress bars.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import os
+import random
+
+import openai
+
+RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
+
+
+def png_data_url(path: str) -> str:
+    """A PNG file as a base64 data URL, for vision messages."""
+    with open(path, "rb") as fh:
+        return "data:image/png;base64," + base64.b64encode(fh.read()).decode("ascii")
+
+
+def _retryable(e: Exception) -> bool:
+    if isinstance(e, RETRYABLE):
+        return True
+    return isinstance(e, openai.APIStatusError) and (e.status_code >= 500 or e.status_code in (408, 409, 429))
+
+
+@dataclasses.dataclass
+class Stats:
+    calls: int = 0
+    retries: int = 0
+    failures: int = 0
+
+
+class LLMClient:
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 32,
+                 timeout: float = 300.0, max_retries: int = 8, backoff: float = 1.0, max_backoff: float = 60.0,
+                 seed: int | None = None):
+        self.model = model
+        self.base_url = base_url
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.stats = Stats()
+        self._rng = random.Random(seed)
+        self._sem = asyncio.Semaphore(concurrency)
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
+                                          timeout=timeout, max_retries=0)
+
+    async def _call(self, fn, **kw):
+        attempt = 0
+        while True:
+            async with self._sem:
+                self.stats.calls += 1
+                try:
+                    return await fn(model=self.model, **kw)
+                except Exception as e:
+                    if not _retryable(e) or attempt >= self.max_retries:
+                        self.stats.failures += 1
+                        raise
+            attempt += 1
+            self.stats.retries += 1
+            delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * (0.5 + self._rng.random()))
+
+    async def chat(self, messages: list[dict], **kw) -> str:
+        """The first choice's message text of a chat completion."""
+        resp = await self._call(self._client.chat.completions.create, messages=messages, **kw)
+        return resp.choices[0].message.content or ""
+
+    async def complete(self, prompt: str, **kw) -> str:
+        """The first choice's text of a (legacy) completion of an already-templated prompt."""
+        resp = await self._call(self._client.completions.create, prompt=prompt, **kw)
+        return resp.choices[0].text or ""
+
+    async def close(self) -> None:
+        await self._client.close()

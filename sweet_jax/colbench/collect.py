@@ -1,0 +1,185 @@
+"""Resumable rollout collection: k conversations per task, written as official trajectory JSONL. Imports no JAX.
+
+- Each finished conversation is appended at once to `OUTPUT.partial`, as one line written with a single write and
+  then fsync'ed, keyed by (`task_id`, `rollout`). `task_id` is the task's 0-based line number in the task file.
+- A restart reads `OUTPUT.partial` and skips what is there. A line cut short by a kill is dropped, and that
+  conversation runs again. So after kill -9 and a restart there is exactly one record per (task, rollout).
+- Backend answers are scored in the sandbox as the conversations finish (`reward`: the fraction of tests passed, as
+  in the released offline data), and the progress bar shows the success rate so far.
+- When every conversation is in, OUTPUT is written atomically in the official block order (line r x N + i is
+  rollout r of task i), and the partial file is removed.
+- A conversation whose requests still fail after every retry is left out and reported. The job exits non-zero, and
+  a rerun retries just those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import logging
+import os
+import time
+
+from sweet_jax.colbench.client import LLMClient
+from sweet_jax.colbench.env import BackendEpisode
+from sweet_jax.colbench.rollout import AgentSampling, SimulatorSampling, run_episode
+from sweet_jax.colbench.synthetic import write_jsonl
+from sweet_jax.colbench.tasks import load_tasks
+from sweet_jax.data.trajectories import DataError
+
+log = logging.getLogger("sweet_jax.collect")
+
+
+def read_partial(path: str, num_tasks: int, rollouts: int) -> dict[tuple[int, int], dict]:
+    """The finished records of an interrupted run, by (task_id, rollout). A torn last line is cut off the file."""
+    done: dict[tuple[int, int], dict] = {}
+    if not os.path.exists(path):
+        return done
+    with open(path, "rb") as fh:
+        data = fh.read()
+    good = 0  # bytes up to the end of the last complete, valid line
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        end = good + len(raw) + 1
+        if end > len(data):  # no newline after it: cut by a kill
+            break
+        try:
+            rec = json.loads(raw)
+            key = (int(rec["task_id"]), int(rec["rollout"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if end == len(data):  # the last line: a torn write
+                break
+            raise DataError(f"{path}:{lineno}: not a collection record (task_id, rollout); move the file away to "
+                            f"start over") from None
+        if not (0 <= key[0] < num_tasks and 0 <= key[1] < rollouts):
+            raise DataError(f"{path}:{lineno}: field 'task_id'/'rollout': {key} is outside this job's "
+                            f"{num_tasks} tasks x {rollouts} rollouts (a different job's file?)")
+        done[key] = rec
+        good = end
+    if good < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(good)
+    return done
+
+
+class _Appender:
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, rec: dict) -> None:
+        os.write(self.fd, (json.dumps(rec) + "\n").encode())
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _client(c, concurrency: int) -> LLMClient:
+    return LLMClient(c.base_url, c.model, api_key_env=c.api_key_env, concurrency=concurrency,
+                     timeout=c.request_timeout, max_retries=c.max_retries, backoff=c.backoff)
+
+
+async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tuple[int, int], str]]:
+    from tqdm.auto import tqdm
+
+    agent = _client(cfg.agent, cfg.concurrency)
+    simulator = _client(cfg.simulator, cfg.concurrency)
+    agent_sampling = AgentSampling(cfg.agent.api, cfg.agent.temperature, cfg.agent.top_p, cfg.agent.max_tokens)
+    simulator_sampling = SimulatorSampling(cfg.simulator.temperature, cfg.simulator.max_tokens)
+    evaluator = None
+    if cfg.evaluate:
+        from sweet_jax.colbench.backend_eval import BackendEvaluator
+
+        evaluator = BackendEvaluator(cfg.semantics)
+    pool = cf.ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+    loop = asyncio.get_running_loop()
+    queue = list(reversed(todo))
+    failed: list[tuple[tuple[int, int], str]] = []
+    scored = [r["reward"] for r in done.values() if r.get("reward") is not None]
+    bar = tqdm(total=len(done) + len(todo), initial=len(done), desc="collect", disable=not progress or None,
+               dynamic_ncols=True)
+
+    def postfix():
+        post = {"retries": agent.stats.retries + simulator.stats.retries}
+        if scored:
+            post["success"] = f"{sum(r == 1.0 for r in scored) / len(scored):.3f}"
+        bar.set_postfix(post)
+
+    async def worker():
+        while queue:
+            key = queue.pop()
+            task = tasks[key[0]]
+            try:
+                episode = BackendEpisode(task, max_steps=cfg.max_steps)
+                rec = await run_episode(episode, agent, simulator, agent_sampling, simulator_sampling)
+            except Exception as e:  # retries exhausted, or a non-retryable API error
+                failed.append((key, f"{type(e).__name__}: {e}"))
+                log.warning("task %d rollout %d failed: %s: %s", key[0], key[1], type(e).__name__, e)
+                continue
+            if evaluator is not None:
+                res = await loop.run_in_executor(pool, evaluator.score, rec["answer"], task["ground_truth"],
+                                                 task["test_cases"])
+                rec["reward"] = res.reward
+                scored.append(res.reward)
+            rec.update(task_id=key[0], rollout=key[1])
+            appender.write(rec)
+            done[key] = rec
+            bar.update(1)
+            postfix()
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(todo)) or 1)))
+    finally:
+        bar.close()
+        pool.shutdown(wait=False)
+        await agent.close()
+        await simulator.close()
+    return failed
+
+
+def summarize(records: list[dict], rollouts: int) -> dict:
+    out = {"records": len(records)}
+    scored = [r for r in records if r.get("reward") is not None]
+    if scored:
+        out["tests_passed"] = sum(r["reward"] for r in scored) / len(scored)
+        out["success_rate"] = sum(r["reward"] == 1.0 for r in scored) / len(scored)
+        if rollouts > 1:
+            best: dict[int, float] = {}
+            for r in scored:
+                best[r["task_id"]] = max(best.get(r["task_id"], 0.0), r["reward"])
+            out["best_of_k_success_rate"] = sum(v == 1.0 for v in best.values()) / len(best)
+    return out
+
+
+def collect(cfg, progress: bool = True) -> dict:
+    """Run (or resume) the collection job `cfg` (see configs/collect_backend.py). Returns a summary with `failed`."""
+    if cfg.task_type != "backend":
+        raise DataError(f"task_type={cfg.task_type!r}: only backend collection is available so far (frontend needs "
+                        f"the frontend renderer and metric)")
+    tasks = load_tasks(cfg.tasks, cfg.task_type, cfg.limit or None)
+    n, k = len(tasks), int(cfg.rollouts)
+    if os.path.exists(cfg.output):
+        with open(cfg.output) as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+        log.info("%s is complete (%d records); nothing to do", cfg.output, len(records))
+        return {**summarize(records, k), "failed": 0, "seconds": 0.0}
+    partial = cfg.output + ".partial"
+    done = read_partial(partial, n, k)
+    todo = [(i, r) for r in range(k) for i in range(n) if (i, r) not in done]
+    if done:
+        log.info("resuming: %d of %d conversations already in %s", len(done), n * k, partial)
+    t0 = time.time()
+    appender = _Appender(partial)
+    try:
+        failed = asyncio.run(_collect(cfg, tasks, todo, appender, done, progress)) if todo else []
+    finally:
+        appender.close()
+    seconds = time.time() - t0
+    if failed:
+        return {**summarize(list(done.values()), k), "failed": len(failed), "first_failure": failed[0][1],
+                "seconds": seconds}
+    records = [done[(i, r)] for r in range(k) for i in range(n)]
+    write_jsonl(cfg.output, records)
+    os.remove(partial)
+    return {**summarize(records, k), "failed": 0, "seconds": seconds}

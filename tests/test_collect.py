@@ -1,0 +1,109 @@
+"""Rollout collection against a local scripted OpenAI-compatible server (tests/fake_openai.py): concurrency, injected
+faults, kill -9 and resume. Answers are scored in the real sandbox."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fake_openai import QUESTION, SIMULATOR_REPLY, FakeOpenAI
+
+from sweet_jax.colbench.collect import collect, read_partial
+from sweet_jax.colbench.tasks import load_tasks
+from sweet_jax.data.trajectories import DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")
+CONFIG = os.path.join(ROOT, "configs", "collect_backend.py")
+
+
+def _config(server_url, output, **kw):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("collect_backend", CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.tasks, c.output, c.limit, c.rollouts, c.concurrency = TASKS, str(output), 100, 2, 32
+    for endpoint in (c.agent, c.simulator):
+        endpoint.base_url, endpoint.model = server_url, "fake"
+        endpoint.request_timeout, endpoint.backoff, endpoint.max_retries = 1.0, 0.02, 12
+    c.update(kw)
+    return c
+
+
+def _check_output(path, tasks, rollouts):
+    records = [json.loads(line) for line in open(path)]
+    assert len(records) == len(tasks) * rollouts
+    # official block order: line r * N + i is rollout r of task i
+    assert [(r["task_id"], r["rollout"]) for r in records] == [(i, r) for r in range(rollouts)
+                                                               for i in range(len(tasks))]
+    for rec in records:
+        i = rec["task_id"]
+        assert rec["task"] == tasks[i]
+        assert rec["reward"] == (1.0 if i % 2 == 0 else 0.0), (i, rec["reward"], rec["answer"][:200])
+        h = rec["dialogue_history"]
+        assert [m["role"] for m in h] == ["user", "assistant", "user", "assistant"]
+        assert h[1]["content"] == QUESTION and h[2]["content"] == SIMULATOR_REPLY[:400]
+        assert h[1]["input"].startswith("<|begin_of_text|>") and tasks[i]["problem_description"].strip() in h[1]["input"]
+    return records
+
+
+def test_200_conversations_at_concurrency_32_lose_nothing_to_injected_faults(tmp_path):
+    tasks = load_tasks(TASKS, "backend", limit=100)
+    with FakeOpenAI(tasks, fault_rate=0.2, slow_s=2.0) as server:
+        t0 = time.time()
+        summary = collect(_config(server.url, tmp_path / "out.jsonl"), progress=False)
+        seconds = time.time() - t0
+    assert summary["failed"] == 0, summary
+    assert server.counts["500"] > 10 and server.counts["slow"] > 10 and server.counts["drop"] > 10, server.counts
+    _check_output(tmp_path / "out.jsonl", tasks, 2)
+    assert summary["records"] == 200 and summary["success_rate"] == 0.5 and summary["best_of_k_success_rate"] == 0.5
+    assert not os.path.exists(str(tmp_path / "out.jsonl") + ".partial")
+    print(f"200 conversations, {server.counts}, {seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_path):
+    tasks = load_tasks(TASKS, "backend", limit=100)
+    out = tmp_path / "out.jsonl"
+    partial = str(out) + ".partial"
+    with FakeOpenAI(tasks, fault_rate=0.1, slow_s=2.0) as server:
+        args = [sys.executable, "-m", "sweet_jax.collect", "--config", CONFIG, f"--config.tasks={TASKS}",
+                f"--config.output={out}", "--config.limit=100", "--config.rollouts=2", "--config.concurrency=32"]
+        for side in ("agent", "simulator"):
+            args += [f"--config.{side}.base_url={server.url}", f"--config.{side}.model=fake",
+                     f"--config.{side}.request_timeout=1.0", f"--config.{side}.backoff=0.02"]
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        lines = 0
+        while time.time() < deadline and proc.poll() is None:
+            lines = open(partial).read().count("\n") if os.path.exists(partial) else 0
+            if lines >= 40:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        proc.wait()
+        assert 40 <= lines < 200, f"killed at {lines} records; the run ended first" if proc.returncode == 0 else lines
+        with open(partial, "ab") as fh:
+            fh.write(b'{"task_id": 3, "rollout": 1, "dialogue_hist')  # a torn write, as a kill mid-line leaves
+        again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming:" in again.stderr
+    _check_output(out, tasks, 2)
+
+
+def test_a_foreign_partial_file_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "x.partial"
+    path.write_text('{"task_id": 0, "rollout": 0}\nnot json\n{"task_id": 1, "rollout": 0}\n')
+    with pytest.raises(DataError, match=f"{path}:2: not a collection record"):
+        read_partial(str(path), 10, 1)
+    path.write_text('{"task_id": 50, "rollout": 0}\n')
+    with pytest.raises(DataError, match="outside this job's 10 tasks x 1 rollouts"):
+        read_partial(str(path), 10, 1)
+    path.write_text('{"task_id": 0, "rollout": 0}\n{"task_id": 1, "rollo')
+    assert list(read_partial(str(path), 10, 1)) == [(0, 0)]
+    assert path.read_text() == '{"task_id": 0, "rollout": 0}\n'  # the torn tail is cut off
