@@ -46,7 +46,6 @@ def measure(args, attention_impl: str) -> dict:
     import numpy as np
 
     from sweet_jax import models, sharding
-    from sweet_jax.training import objective as obj
     from sweet_jax.training.defaults import base_config
     from sweet_jax.training.optim import make_optimizer
     from sweet_jax.training.partitioning import Layout

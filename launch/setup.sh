@@ -16,6 +16,34 @@ if ! command -v bwrap >/dev/null 2>&1; then
     fi
 fi
 
+# Chromium renders ColBench frontend pages (driven by Playwright through its executable path; never
+# `playwright install`).
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_JAX_CHROMIUM:-}" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        echo "[setup] installing chromium (apt)"
+        $SUDO apt-get install -y -qq chromium >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; }
+    else
+        echo "[setup] warning: chromium not found and no apt-get; the ColBench frontend renderer needs it" >&2
+    fi
+fi
+
+# Tailwind 2.2.19's CSS from the npm registry, for offline rendering (every frontend page loads it).
+TAILWIND_CSS="${SWEET_JAX_TAILWIND_CSS:-$HOME/.cache/sweet_jax/tailwind-2.2.19.min.css}"
+TAILWIND_SHA256="b6ad97402eddb903e7a5d7a73ee47a679204efbdda4521a391cbad9df509b932"
+if [ "$(sha256sum "$TAILWIND_CSS" 2>/dev/null | cut -d' ' -f1)" != "$TAILWIND_SHA256" ]; then
+    echo "[setup] fetching Tailwind 2.2.19 CSS (npm registry)"
+    TMP="$(mktemp -d)"
+    curl -fsSL -o "$TMP/tw.tgz" https://registry.npmjs.org/tailwindcss/-/tailwindcss-2.2.19.tgz
+    tar -xzf "$TMP/tw.tgz" -C "$TMP" package/dist/tailwind.min.css
+    if [ "$(sha256sum "$TMP/package/dist/tailwind.min.css" | cut -d' ' -f1)" != "$TAILWIND_SHA256" ]; then
+        echo "[setup] error: the Tailwind CSS from the registry does not have the expected sha256" >&2; exit 1
+    fi
+    mkdir -p "$(dirname "$TAILWIND_CSS")"
+    mv "$TMP/package/dist/tailwind.min.css" "$TAILWIND_CSS.tmp" && mv "$TAILWIND_CSS.tmp" "$TAILWIND_CSS"
+    rm -rf "$TMP"
+fi
+
 PY=${PYTHON:-python3}
 VENV=${SWEET_JAX_VENV:-.venv}
 STAMP="$VENV/.sweet_jax_installed"

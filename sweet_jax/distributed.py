@@ -104,7 +104,7 @@ def from_leader(x):
     return out.item() if np.ndim(x) == 0 and not isinstance(x, np.ndarray) else np.asarray(out)
 
 
-def to_host(x) -> np.ndarray:
+def to_host(x):
     """A (possibly multi-host) array as one numpy array on every process. A collective when the array spans
     processes: every process must call it, in the same order."""
     import jax

@@ -30,7 +30,7 @@ import threading
 from sweet_jax.colbench import sandbox
 from sweet_jax.colbench.sandbox_worker import decode
 from sweet_jax.colbench.scoring import extract_code, vetoed
-from sweet_jax.colbench.synthetic import write_jsonl
+from sweet_jax.colbench.jsonl import append_scored, load_partial, write_jsonl
 from sweet_jax.data.trajectories import DataError, task_key
 
 SEMANTICS = {"reference": "official", "clean": "clean"}
@@ -154,17 +154,8 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
     records = {n: parse_record(ln, f"{input_path}:{n}") for n, ln in lines}  # fail fast, before any work
 
     partial = output_path + ".partial"
-    done: dict[int, dict] = {}
-    if os.path.exists(partial):
-        with open(partial) as fh:
-            for ln in fh:
-                try:
-                    item = json.loads(ln)
-                    done[item["line"]] = item["record"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut by a kill: that record is simply scored again
     os.makedirs(os.path.dirname(os.path.abspath(output_path)) or ".", exist_ok=True)
-    write_jsonl(partial, [{"line": n, "record": r} for n, r in sorted(done.items())])  # drop any torn line
+    done = load_partial(partial)
     hide = (os.path.abspath(input_path), os.path.abspath(partial), os.path.abspath(output_path))
     evaluator = BackendEvaluator(semantics, limits, hide)
     todo = [n for n in records if n not in done]
@@ -181,8 +172,7 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
         for fut in cf.as_completed([pool.submit(work, n) for n in todo]):
             n, rec = fut.result()
             with lock:
-                out.write(json.dumps({"line": n, "record": rec}) + "\n")
-                out.flush()
+                append_scored(out, n, rec)
                 done[n] = rec
                 successes += rec["success"]
                 bar.update(1)

@@ -24,7 +24,7 @@ import time
 from sweet_jax.colbench.client import LLMClient
 from sweet_jax.colbench.env import BackendEpisode
 from sweet_jax.colbench.rollout import AgentSampling, SimulatorSampling, run_episode
-from sweet_jax.colbench.synthetic import write_jsonl
+from sweet_jax.colbench.jsonl import write_jsonl
 from sweet_jax.colbench.tasks import load_tasks
 from sweet_jax.data.trajectories import DataError
 

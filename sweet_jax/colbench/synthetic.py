@@ -14,11 +14,11 @@ task i), and carry `"synthetic": true` in the task.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
 from sweet_jax.chat import render_text
+from sweet_jax.colbench.jsonl import write_jsonl
 from sweet_jax.colbench.scoring import score_answer
 
 SYSTEM_PROMPT = (
@@ -121,15 +121,3 @@ def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> 
                         "ground_truth": code, "messages": traj["dialogue_history"], "additional_outputs": outs,
                         "judge_result": scores, "synthetic": True})
     return records
-
-
-def write_jsonl(path: str | os.PathLike, records: list[dict]) -> str:
-    """Atomically write records as JSONL."""
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
-    return path

@@ -8,6 +8,7 @@ import math
 import os
 
 from sweet_jax.colbench import synthetic
+from sweet_jax.colbench.jsonl import write_jsonl
 from sweet_jax.data import pairs as pairs_lib
 from sweet_jax.data.examples import Example, ExampleBuilder
 from sweet_jax.data.trajectories import DataError, ReadStats, read_trajectories
@@ -46,7 +47,7 @@ def resolve_path(data_cfg, run_dir: str) -> str:
     if not os.path.exists(path):
         log.info("generating synthetic %s data (not ColBench) at %s", kind, path)
         if kind == "ranked":
-            synthetic.write_jsonl(path, synthetic.make_ranked_records(s.num_tasks, seed=s.seed))
+            write_jsonl(path, synthetic.make_ranked_records(s.num_tasks, seed=s.seed))
         else:
             synthetic.write_dataset(path, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
     return path
