@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible server for collection tests, with fault injection.
 
-Agent (/v1/completions, a Llama-3.1-templated prompt): on its first turn it asks a question; on its second it answers
-with the task's ground truth when the task's line number is even, and with a wrong function when it is odd.
+Agent (/v1/completions, a Llama-3.1-templated prompt): on its first turn it asks a question (frontend: gives a draft
+page); on its second it answers with the task's ground truth when the task's line number is even, and with a wrong
+function (frontend: a plain page) when it is odd.
 Simulator (/v1/chat/completions): a fixed 600-character reply (so the 400-character cut shows).
 Faults: a `fault_rate` share of requests gets, in turn, a 500, a reply slower than the client's timeout, or a
 connection closed without a reply.
@@ -19,10 +20,16 @@ USER_HEADER = "<|start_header_id|>user<|end_header_id|>\n\n"
 SIMULATOR_REPLY = "I am not sure about that detail; please keep it simple. " * 11  # 616 characters
 WRONG_ANSWER = "I WANT TO ANSWER:\ndef solution(*args, **kwargs):\n    return 'wrong'\n"
 QUESTION = "What should the function return when the input is empty?"
+DRAFT_PAGE = "A first draft. OUTPUT: <html><body><h1>Draft</h1></body></html>"
+PLAIN_PAGE = "<html><body><p>plain</p></body></html>"
 
 
 class FakeOpenAI:
-    def __init__(self, tasks: list[dict], fault_rate: float = 0.0, slow_s: float = 3.0, seed: int = 0):
+    def __init__(self, tasks: list[dict], fault_rate: float = 0.0, slow_s: float = 3.0, seed: int = 0,
+                 frontend: bool = False, chat_reply=None):
+        self.frontend = frontend
+        self.chat_reply = chat_reply  # body -> reply text, instead of the simulator's fixed reply
+        self.chat_images: list[int] = []  # image parts per simulator request
         self.by_description = {t["problem_description"].strip(): (i, t) for i, t in enumerate(tasks)}
         self.fault_rate = fault_rate
         self.slow_s = slow_s
@@ -60,10 +67,16 @@ class FakeOpenAI:
                                             "model": body.get("model", ""), "choices": [
                                                 {"index": 0, "text": text, "finish_reason": "stop",
                                                  "logprobs": None}]})
+                content = body["messages"][-1]["content"]
+                with server.lock:
+                    server.chat_images.append(sum(isinstance(p, dict) and p.get("type") == "image_url" and
+                                                  p["image_url"]["url"].startswith("data:image/png;base64,")
+                                                  for p in (content if isinstance(content, list) else [])))
+                reply = server.chat_reply(body) if server.chat_reply else SIMULATOR_REPLY
                 return self._send(200, {"id": "c", "object": "chat.completion", "created": 0,
                                         "model": body.get("model", ""), "choices": [
                                             {"index": 0, "finish_reason": "stop",
-                                             "message": {"role": "assistant", "content": SIMULATOR_REPLY}}]})
+                                             "message": {"role": "assistant", "content": reply}}]})
 
             def _send(self, code, obj):
                 data = json.dumps(obj).encode()
@@ -85,7 +98,9 @@ class FakeOpenAI:
         first_user = prompt.split(USER_HEADER, 1)[1].split("<|eot_id|>", 1)[0].strip()
         index, task = self.by_description[first_user]
         if prompt.count(USER_HEADER) == 1:
-            return QUESTION
+            return DRAFT_PAGE if self.frontend else QUESTION
+        if self.frontend:
+            return "Done. OUTPUT: I WANT TO ANSWER: " + (task["ground_truth"] if index % 2 == 0 else PLAIN_PAGE)
         if index % 2 == 0:
             return f"I WANT TO ANSWER:\n```python\n{task['ground_truth']}\n```"
         return WRONG_ANSWER

@@ -130,3 +130,10 @@ def test_html_extraction_and_url_rewriting():
     assert extract_html("no markup") is None
     text = "https://source.unsplash.com/random/800x600/?city,night and http://picsum.photos/640/480"
     assert rewrite_image_urls(text) == ("https://picsum.photos/id/48/800/600 and https://picsum.photos/id/48/640/480")
+
+
+def test_an_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match="facebook/no-such-bench:backend_tasks/test.jsonl: not a local file, and the hub"):
+        load_tasks("facebook/no-such-bench:backend_tasks/test.jsonl", "backend")

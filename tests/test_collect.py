@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from fake_openai import QUESTION, SIMULATOR_REPLY, FakeOpenAI
+from fake_openai import DRAFT_PAGE, QUESTION, SIMULATOR_REPLY, FakeOpenAI
 
 from sweet_jax.colbench.collect import collect, read_partial
 from sweet_jax.colbench.tasks import load_tasks
@@ -20,10 +20,10 @@ TASKS = os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")
 CONFIG = os.path.join(ROOT, "configs", "collect_backend.py")
 
 
-def _config(server_url, output, **kw):
+def _config(server_url, output, config=CONFIG, **kw):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("collect_backend", CONFIG)
+    spec = importlib.util.spec_from_file_location("collect_config", config)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config()
@@ -107,3 +107,26 @@ def test_a_foreign_partial_file_is_refused_with_its_line(tmp_path):
     path.write_text('{"task_id": 0, "rollout": 0}\n{"task_id": 1, "rollo')
     assert list(read_partial(str(path), 10, 1)) == [(0, 0)]
     assert path.read_text() == '{"task_id": 0, "rollout": 0}\n'  # the torn tail is cut off
+
+
+def test_frontend_conversations_render_pages_and_score_them(tmp_path):
+    frontend_tasks = os.path.join(ROOT, "..", "shared", "colbench", "frontend_test.jsonl")
+    tasks = load_tasks(frontend_tasks, "frontend", limit=6)
+    with FakeOpenAI(tasks, fault_rate=0.2, slow_s=2.0, frontend=True) as server:
+        cfg = _config(server.url, tmp_path / "front.jsonl", os.path.join(ROOT, "configs", "collect_frontend.py"),
+                      tasks=frontend_tasks, limit=6, rollouts=1, concurrency=4)
+        summary = collect(cfg, progress=False)
+    assert summary["failed"] == 0 and summary["records"] == 6, summary
+    assert server.chat_images and set(server.chat_images) == {2}  # the agent's page and the target, as data URLs
+    records = [json.loads(line) for line in open(tmp_path / "front.jsonl")]
+    for rec in records:
+        h = rec["dialogue_history"]
+        assert [m["role"] for m in h] == ["user", "assistant", "user", "assistant"]
+        assert h[1]["content"] == DRAFT_PAGE.split("OUTPUT:", 1)[1]
+        assert h[2]["content"] == SIMULATOR_REPLY  # 616 characters: under the frontend's 1000-character cut
+        assert rec["answer"].endswith(".png") and os.path.exists(rec["answer"])
+        if rec["task_id"] % 2 == 0:
+            assert rec["reward"] == 1.0  # the target page itself
+        else:
+            assert rec["reward"] < 0.99
+    assert summary["mean_similarity"] == pytest.approx(sum(r["reward"] for r in records) / 6)

@@ -4,8 +4,12 @@
   then fsync'ed, keyed by (`task_id`, `rollout`). `task_id` is the task's 0-based line number in the task file.
 - A restart reads `OUTPUT.partial` and skips what is there. A line cut short by a kill is dropped, and that
   conversation runs again. So after kill -9 and a restart there is exactly one record per (task, rollout).
-- Backend answers are scored in the sandbox as the conversations finish (`reward`: the fraction of tests passed, as
-  in the released offline data), and the progress bar shows the success rate so far.
+- Answers are scored as the conversations finish, and the progress bar shows the score so far:
+  - backend: in the sandbox; `reward` is the fraction of tests passed, as in the released offline data; the bar
+    shows the success rate;
+  - frontend: pages are rendered offline (`colbench.render`) into `OUTPUT.images/`, and each answer is the path of
+    the last rendered page's screenshot; `reward` is its similarity to the target page (`colbench.similarity`:
+    CLIP with `clip`, else the pixel metric); the bar shows the mean.
 - When every conversation is in, OUTPUT is written atomically in the official block order (line r x N + i is
   rollout r of task i), and the partial file is removed.
 - A conversation whose requests still fail after every retry is left out and reported. The job exits non-zero, and
@@ -21,8 +25,8 @@ import logging
 import os
 import time
 
-from sweet_jax.colbench.client import LLMClient
-from sweet_jax.colbench.env import BackendEpisode
+from sweet_jax.colbench.client import LLMClient, png_data_url
+from sweet_jax.colbench.env import BackendEpisode, FrontendEpisode
 from sweet_jax.colbench.rollout import AgentSampling, SimulatorSampling, run_episode
 from sweet_jax.colbench.jsonl import write_jsonl
 from sweet_jax.colbench.tasks import load_tasks
@@ -87,8 +91,22 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
     simulator = _client(cfg.simulator, cfg.concurrency)
     agent_sampling = AgentSampling(cfg.agent.api, cfg.agent.temperature, cfg.agent.top_p, cfg.agent.max_tokens)
     simulator_sampling = SimulatorSampling(cfg.simulator.temperature, cfg.simulator.max_tokens)
-    evaluator = None
-    if cfg.evaluate:
+    evaluator = renderer = similarity = None
+    frontend = cfg.task_type == "frontend"
+    if frontend:
+        from sweet_jax.colbench.render import Renderer
+        from sweet_jax.colbench.similarity import Similarity
+
+        renderer = Renderer()
+        if cfg.evaluate:
+            if cfg.clip:
+                from sweet_jax.models.clip import image_embedder  # (JAX, only for the CLIP metric)
+
+                similarity = Similarity("clip", image_embedder(cfg.clip))
+            else:
+                similarity = Similarity("pixel")
+        images = os.path.abspath(cfg.output + ".images")
+    elif cfg.evaluate:
         from sweet_jax.colbench.backend_eval import BackendEvaluator
 
         evaluator = BackendEvaluator(cfg.semantics)
@@ -102,7 +120,9 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
 
     def postfix():
         post = {"retries": agent.stats.retries + simulator.stats.retries}
-        if scored:
+        if scored and frontend:
+            post["similarity"] = f"{sum(scored) / len(scored):.4f}"
+        elif scored:
             post["success"] = f"{sum(r == 1.0 for r in scored) / len(scored):.3f}"
         bar.set_postfix(post)
 
@@ -111,7 +131,11 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
             key = queue.pop()
             task = tasks[key[0]]
             try:
-                episode = BackendEpisode(task, max_steps=cfg.max_steps)
+                if frontend:
+                    episode = await asyncio.to_thread(FrontendEpisode, task, _page_renderer(renderer, images, key),
+                                                      png_data_url, cfg.max_steps)
+                else:
+                    episode = BackendEpisode(task, max_steps=cfg.max_steps)
                 rec = await run_episode(episode, agent, simulator, agent_sampling, simulator_sampling)
             except Exception as e:  # retries exhausted, or a non-retryable API error
                 failed.append((key, f"{type(e).__name__}: {e}"))
@@ -122,6 +146,11 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
                                                  task["test_cases"])
                 rec["reward"] = res.reward
                 scored.append(res.reward)
+            elif similarity is not None:
+                answer = None if rec["answer"] == "No answer" else rec["answer"]
+                rec["reward"] = await loop.run_in_executor(pool, similarity, answer, episode.target_image) \
+                    if episode.target_image else 0.0
+                scored.append(rec["reward"])
             rec.update(task_id=key[0], rollout=key[1])
             appender.write(rec)
             done[key] = rec
@@ -133,37 +162,52 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
     finally:
         bar.close()
         pool.shutdown(wait=False)
+        if renderer is not None:
+            renderer.close()
         await agent.close()
         await simulator.close()
     return failed
 
 
-def summarize(records: list[dict], rollouts: int) -> dict:
+def _page_renderer(renderer, images: str, key: tuple[int, int]):
+    """render(html) -> a new PNG under `images` for this conversation (target, then one per rendered turn)."""
+    count = iter(range(10 ** 6))
+
+    def render(html: str) -> str | None:
+        return renderer.render(html, os.path.join(images, f"task{key[0]}-rollout{key[1]}-{next(count)}.png"))
+
+    return render
+
+
+def summarize(records: list[dict], rollouts: int, task_type: str = "backend") -> dict:
     out = {"records": len(records)}
     scored = [r for r in records if r.get("reward") is not None]
-    if scored:
-        out["tests_passed"] = sum(r["reward"] for r in scored) / len(scored)
-        out["success_rate"] = sum(r["reward"] == 1.0 for r in scored) / len(scored)
+    if not scored:
+        return out
+    best: dict[int, float] = {}
+    for r in scored:
+        best[r["task_id"]] = max(best.get(r["task_id"], 0.0), r["reward"])
+    if task_type == "frontend":
+        out["mean_similarity"] = sum(r["reward"] for r in scored) / len(scored)
         if rollouts > 1:
-            best: dict[int, float] = {}
-            for r in scored:
-                best[r["task_id"]] = max(best.get(r["task_id"], 0.0), r["reward"])
-            out["best_of_k_success_rate"] = sum(v == 1.0 for v in best.values()) / len(best)
+            out["best_of_k_similarity"] = sum(best.values()) / len(best)
+        return out
+    out["tests_passed"] = sum(r["reward"] for r in scored) / len(scored)
+    out["success_rate"] = sum(r["reward"] == 1.0 for r in scored) / len(scored)
+    if rollouts > 1:
+        out["best_of_k_success_rate"] = sum(v == 1.0 for v in best.values()) / len(best)
     return out
 
 
 def collect(cfg, progress: bool = True) -> dict:
     """Run (or resume) the collection job `cfg` (see configs/collect_backend.py). Returns a summary with `failed`."""
-    if cfg.task_type != "backend":
-        raise DataError(f"task_type={cfg.task_type!r}: only backend collection is available so far (frontend needs "
-                        f"the frontend renderer and metric)")
     tasks = load_tasks(cfg.tasks, cfg.task_type, cfg.limit or None)
     n, k = len(tasks), int(cfg.rollouts)
     if os.path.exists(cfg.output):
         with open(cfg.output) as fh:
             records = [json.loads(line) for line in fh if line.strip()]
         log.info("%s is complete (%d records); nothing to do", cfg.output, len(records))
-        return {**summarize(records, k), "failed": 0, "seconds": 0.0}
+        return {**summarize(records, k, cfg.task_type), "failed": 0, "seconds": 0.0}
     partial = cfg.output + ".partial"
     done = read_partial(partial, n, k)
     todo = [(i, r) for r in range(k) for i in range(n) if (i, r) not in done]
@@ -177,9 +221,9 @@ def collect(cfg, progress: bool = True) -> dict:
         appender.close()
     seconds = time.time() - t0
     if failed:
-        return {**summarize(list(done.values()), k), "failed": len(failed), "first_failure": failed[0][1],
+        return {**summarize(list(done.values()), k, cfg.task_type), "failed": len(failed), "first_failure": failed[0][1],
                 "seconds": seconds}
     records = [done[(i, r)] for r in range(k) for i in range(n)]
     write_jsonl(cfg.output, records)
     os.remove(partial)
-    return {**summarize(records, k), "failed": 0, "seconds": seconds}
+    return {**summarize(records, k, cfg.task_type), "failed": 0, "seconds": seconds}

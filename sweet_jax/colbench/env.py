@@ -47,6 +47,7 @@ class Episode:
 
     agent_prompt_text: str = ""
     reply_limit: int = 0
+    renders: bool = False  # whether step() renders pages (blocking work the rollout driver runs off its event loop)
 
     def __init__(self, task: dict, max_steps: int = MAX_STEPS, date_header: bool = True):
         self.task = task
@@ -126,6 +127,7 @@ class FrontendEpisode(Episode):
 
     agent_prompt_text = prompts.FRONTEND_AGENT
     reply_limit = 1000
+    renders = True
 
     def __init__(self, task: dict, render: Callable[[str], str | None], image_url: Callable[[str], str],
                  max_steps: int = MAX_STEPS, date_header: bool = True):

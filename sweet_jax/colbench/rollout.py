@@ -3,6 +3,7 @@ JAX."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import openai
@@ -48,7 +49,9 @@ async def run_episode(episode: Episode, agent: LLMClient, simulator: LLMClient,
             raw = await agent.complete(prompt, **kw)
         else:
             raw = await agent.chat(episode.agent_messages(), **kw)
-        if episode.step(raw, prompt):
+        # A frontend turn renders its page: a blocking call, kept off the event loop.
+        done = await asyncio.to_thread(episode.step, raw, prompt) if episode.renders else episode.step(raw, prompt)
+        if done:
             break
         try:
             reply = await simulator.chat(episode.simulator_messages(), temperature=simulator_sampling.temperature,
