@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from sweet_jax.data.trajectories import DataError
 
@@ -86,6 +87,6 @@ def load_tasks(source: str, task_type: str, limit: int | None = None) -> list[di
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if os.path.exists(source):
         return _read_jsonl(source, task_type, limit)
-    if source.endswith((".jsonl", ".json")) and (source.startswith((".", "/")) or os.sep in source.split(":")[0]):
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+(:.+)?", source):  # not "owner/dataset[:file]": a missing local path
         raise DataError(f"{source}: no such file")
     return _read_hub(source, task_type, limit)
