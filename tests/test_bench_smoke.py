@@ -70,3 +70,11 @@ def test_mfu_benchmark_runs_and_counts_the_model_flops(tmp_path):
     assert r["sequences"] == 2 and r["seq"] == 256
     assert abs(r["model_tflops_per_step"] * 1e12 - cfg.train_flops_per_token(256) * 2 * 256) < 1e3
     assert abs(r["mfu"] - r["model_tflops_per_step"] / r["step_s"] / 1.0) < 1e-9
+
+
+def test_render_benchmark_runs():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "render.py"), "--pages", "3",
+                           "--baseline-pages", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"pages: 3 real ColBench targets, 0 failed", proc.stdout), proc.stdout
+    assert re.search(r"ratio baseline / ours: [\d.]+x", proc.stdout)
