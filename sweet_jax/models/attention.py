@@ -40,21 +40,23 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
 
 
 def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = True, scale: float | None = None,
-                        q_block: int = 2048):
+                        q_block: int = 2048, q_offset=None):
     """q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H]. Softmax in f32.
 
-    Queries are processed `q_block` at a time and each block builds its own mask, so memory is O(q_block * S),
-    not O(T * S), in the forward and the backward pass.
+    Query t sits at key index q_offset + t (default: the queries are the last T keys; a KV cache passes its write
+    index). Queries are processed `q_block` at a time and each block builds its own mask, so memory is
+    O(q_block * S), not O(T * S), in the forward and the backward pass.
     """
     b, t = q.shape[:2]
     s = k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    base = (s - t) if q_offset is None else q_offset
     if t <= q_block or t % q_block:
-        return _attend(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal), scale)
+        return _attend(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal, q_offset=base), scale)
     nb = t // q_block
     qb = jnp.moveaxis(q.reshape(b, nb, q_block, *q.shape[2:]), 1, 0)
     segb = jnp.moveaxis(q_segment_ids.reshape(b, nb, q_block), 1, 0)
-    offsets = jnp.arange(nb) * q_block + (s - t)
+    offsets = jnp.arange(nb) * q_block + base
 
     # Each block is rematerialised in the backward pass, so the gradient keeps no [q_block, S] probabilities either.
     @jax.checkpoint
@@ -88,18 +90,23 @@ def resolve_impl(impl: str, dtype, lengths: tuple[int, ...] = ()) -> str:
     return "reference"
 
 
-def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True):
-    """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype."""
+def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True, q_offset=None):
+    """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype.
+
+    q_offset: the key index of query 0 (a KV cache's write index, possibly traced); default S - T."""
     scale = q.shape[-1] ** -0.5
     impl = resolve_impl(impl, q.dtype, (q.shape[1], k.shape[1]))
+    if q_offset is not None and impl == "splash":  # the kernel's causal mask is static: a cache write index is not
+        impl = "xla"
     if impl == "reference":
-        return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale)
+        return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale,
+                                   q_offset=q_offset)
     if impl in ("xla", "cudnn"):
         # Let the kernel apply causality itself (cuDNN then skips the upper triangle); the segment mask goes in as a
         # mask (cuDNN folds it into a bias). jax's is_causal aligns queries at the top-left, so it is only used for
         # square attention; otherwise the full mask carries causality.
-        square = q.shape[1] == k.shape[1]
-        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square)
+        square = q.shape[1] == k.shape[1] and q_offset is None
+        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset)
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
                                             implementation=impl).astype(q.dtype)
     if impl == "splash":

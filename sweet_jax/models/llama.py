@@ -125,7 +125,9 @@ _REMAT = {
 }
 
 
-def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids):
+def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None):
+    """One layer. With `kv` = (k_cache [B,S,K,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
+    written into the cache at `index` and the queries attend over the whole cache; returns (x, (k_cache, v_cache))."""
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
@@ -135,7 +137,14 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids):
     q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-    a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
+    if kv is None:
+        a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
+    else:
+        k_cache, v_cache, kv_segment_ids, index = kv
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), index, axis=1)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=1)
+        a = attention(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids, kv_segment_ids,
+                      impl=cfg.attention_impl, q_offset=index)
     x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
@@ -143,7 +152,8 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids):
     u = jnp.einsum("btd,df->btf", h, w["w_up"])
     m = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
     x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
-    return constrain(x, ("batch", "act_seq", "act_embed"))
+    x = constrain(x, ("batch", "act_seq", "act_embed"))
+    return x if kv is None else (x, (k_cache, v_cache))
 
 
 def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids):
@@ -184,6 +194,34 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
 
     x, _ = jax.lax.scan(body, x, params["layers"])
     return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
+
+
+def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
+    """An empty KV cache for `batch` rows of `size` positions: k, v [L, B, S, K, H] and segment_ids [B, S] (0 =
+    empty, never attended to by a real token)."""
+    shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.compute_dtype)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "segment_ids": jnp.zeros((batch, size), jnp.int32)}
+
+
+def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index):
+    """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
+    index .. index + T - 1 (the same slots for every row; rows are left-padded to line up). Returns (final hidden
+    states [B, T, D], updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads."""
+    dt = jnp.dtype(cfg.compute_dtype)
+    kv_segment_ids = jax.lax.dynamic_update_slice_in_dim(cache["segment_ids"], segment_ids.astype(jnp.int32),
+                                                         index, axis=1)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    cos, sin = rope_tables(cfg, positions)
+
+    def body(x, xs):
+        layer, k_cache, v_cache = xs
+        return _decoder_layer(cfg, x, layer, cos, sin, segment_ids, (k_cache, v_cache, kv_segment_ids, index))
+
+    x, (k, v) = jax.lax.scan(body, x, (params["layers"], cache["k"], cache["v"]))
+    hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
+    return hidden, {"k": k, "v": v, "segment_ids": kv_segment_ids}
 
 
 def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:

@@ -1,0 +1,92 @@
+"""KV-cache generation against the model's own forward pass."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from sweet_jax import models
+from sweet_jax.generate import SamplingParams, generate
+
+CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                                num_heads=4, num_kv_heads=2)
+PROMPTS = [[5, 17, 300, 42, 7], [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [77]]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return models.init_params(CFG, jax.random.key(0), std=0.1)
+
+
+def _forward_logprobs(params, ids):
+    logits = models.forward(params, CFG, jnp.asarray([ids], jnp.int32))[0]
+    return np.asarray(jax.nn.log_softmax(logits, axis=-1))
+
+
+def test_greedy_equals_step_by_step_argmax_of_forward(params):
+    results = generate(params, CFG, PROMPTS, SamplingParams(temperature=0.0, max_tokens=12))
+    for prompt, (sample,) in zip(PROMPTS, results):
+        seq = list(prompt)
+        for _ in range(12):
+            seq.append(int(np.argmax(_forward_logprobs(params, seq)[-1])))
+        assert sample.tokens == seq[len(prompt):] and sample.finish_reason == "length"
+
+
+def test_returned_logprobs_equal_forward_logprobs(params):
+    results = generate(params, CFG, PROMPTS, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10), n=3, seed=1)
+    worst = 0.0
+    for prompt, samples in zip(PROMPTS, results):
+        assert len(samples) == 3
+        for s in samples:
+            lp = _forward_logprobs(params, prompt + s.tokens)
+            ref = [lp[len(prompt) - 1 + i, t] for i, t in enumerate(s.tokens)]
+            worst = max(worst, float(np.abs(np.asarray(ref) - np.asarray(s.logprobs)).max()))
+    assert worst <= 1e-5, worst
+
+
+def test_n_samples_share_the_prefill_and_match_single_generation(params):
+    shared = generate(params, CFG, PROMPTS, SamplingParams(temperature=0.0, max_tokens=6), n=4)
+    for prompt, samples in zip(PROMPTS, shared):
+        alone = generate(params, CFG, [prompt], SamplingParams(temperature=0.0, max_tokens=6))[0][0]
+        assert all(s.tokens == alone.tokens for s in samples)
+
+
+def test_stop_tokens_end_a_row_and_are_kept(params):
+    free = generate(params, CFG, [PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12))[0][0]
+    stop = free.tokens[4]
+    first = free.tokens.index(stop)
+    out = generate(params, CFG, [PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12, stop_tokens=(stop,)))
+    assert out[0][0].tokens == free.tokens[:first + 1] and out[0][0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("temperature, top_k", [(0.7, 0), (1.3, 0), (1.0, 5)])
+def test_sampled_frequencies_match_the_softmax(temperature, top_k):
+    cfg = CFG.replace(vocab_size=24)
+    params = models.init_params(cfg, jax.random.key(3), std=0.3)
+    prompt = [3, 1, 4, 1, 5]
+    n = 6000
+    samples = generate(params, cfg, [prompt], SamplingParams(temperature=temperature, top_k=top_k, max_tokens=1),
+                       n=n, seed=7)[0]
+    counts = np.bincount([s.tokens[0] for s in samples], minlength=cfg.vocab_size)
+    logits = np.asarray(models.forward(params, cfg, jnp.asarray([prompt]))[0, -1], np.float64) / temperature
+    if top_k:
+        cut = np.sort(logits)[-top_k]
+        assert counts[logits < cut].sum() == 0  # nothing outside the top k
+        logits = np.where(logits >= cut, logits, -np.inf)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    keep = p * n >= 5  # chi-square needs expected counts >= 5: pool the rest into one bin
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(p[keep] * n, p[~keep].sum() * n)
+    if expected[-1] < 5:
+        observed, expected = observed[:-1], expected[:-1]
+        expected *= observed.sum() / expected.sum()
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_bad_sampling_parameters_are_refused():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="every prompt"):
+        generate({}, CFG, [[]])
