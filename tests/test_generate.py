@@ -90,3 +90,14 @@ def test_bad_sampling_parameters_are_refused():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="every prompt"):
         generate({}, CFG, [[]])
+
+
+def test_each_prompt_keeps_its_own_settings_and_seed_in_a_shared_batch(params):
+    a, b = PROMPTS[0], PROMPTS[2]
+    hot = SamplingParams(temperature=1.0, max_tokens=8)
+    alone = generate(params, CFG, [a], hot, n=2, seed=5)[0]
+    batched = generate(params, CFG, [a, b], [hot, SamplingParams(temperature=0.0, max_tokens=3)], n=2, seed=[5, 9])
+    assert [s.tokens for s in batched[0]] == [s.tokens for s in alone]
+    greedy = generate(params, CFG, [b], SamplingParams(temperature=0.0, max_tokens=3))[0][0]
+    assert all(s.tokens == greedy.tokens and len(s.tokens) == 3 for s in batched[1])
+    assert alone[0].tokens != alone[1].tokens  # two different draws from one prefill
