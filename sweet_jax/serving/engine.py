@@ -1,0 +1,160 @@
+"""The serving engine: a model, its tokenizer, and a queue that batches concurrent requests into `generate` calls.
+
+- `load_model(path)` takes an HF checkpoint directory, or a training run directory written by `sweet_jax.train`
+  (its latest Orbax checkpoint; only the params are restored).
+- `Engine.generate(...)` is awaited by each request. A background task gathers the requests that arrive within
+  `batch_wait_s` (up to `max_batch` prompts), groups them by their sample count n, pads each group to a power-of-two
+  batch (so few shapes are compiled), and runs them on a worker thread. Each prompt keeps its own sampling settings
+  and seed (see `sweet_jax.generate`). A request's error is raised to that request alone.
+- `Engine.prompt_logprobs(ids)`: log p(token_i | tokens before it) for a prompt, for `echo` + `logprobs` scoring.
+- One lock serialises device work, so generation and scoring never run at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sweet_jax import models
+from sweet_jax.generate import Sample, SamplingParams, generate
+
+log = logging.getLogger("sweet_jax.serve")
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def load_model(path: str, dtype: str = "float32") -> tuple[models.LlamaConfig, dict, str | None]:
+    """(config, params, tokenizer directory or None) from an HF directory or a `sweet_jax.train` run directory."""
+    if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
+        import ml_collections
+        import orbax.checkpoint as ocp
+
+        from sweet_jax.training.trainer import model_config
+
+        with open(os.path.join(path, "config.json")) as fh:
+            run = ml_collections.ConfigDict(json.load(fh))
+        cfg = model_config(run.model).replace(compute_dtype=dtype)
+        manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
+        step = manager.latest_step()
+        if step is None:
+            raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
+        abstract = {"params": models.abstract_params(cfg)}
+        params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
+        log.info("loaded %s step %d", path, step)
+        tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
+        return cfg, params, tokenizer
+    if os.path.exists(os.path.join(path, "config.json")):
+        cfg = models.LlamaConfig.from_pretrained(path, compute_dtype=dtype)
+        has_tokenizer = any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+        return cfg, models.load_hf_params(path, cfg), path if has_tokenizer else None
+    raise ModelLoadError(f"{path}: neither an HF checkpoint directory (config.json + *.safetensors) nor a "
+                         f"sweet_jax training run (config.json + checkpoints/)")
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    n: int
+    seed: int
+    future: asyncio.Future
+
+
+class Engine:
+    def __init__(self, params, cfg: models.LlamaConfig, tokenizer, *, model_name: str = "sweet_jax",
+                 max_batch: int = 64, batch_wait_s: float = 0.01, max_model_len: int = 8192):
+        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        self.model_name = model_name
+        self.max_batch, self.batch_wait_s, self.max_model_len = max_batch, batch_wait_s, max_model_len
+        eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
+        eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+        self.stop_tokens = tuple(sorted({t for t in (*eos, eot) if isinstance(t, int) and t >= 0}))
+        self.device_lock = threading.Lock()
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._score = jax.jit(self._score_fn)
+
+    # ------------------------------------------------------------------ generation
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._batch_loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def generate(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> list[Sample]:
+        if len(prompt) + sampling.max_tokens > self.max_model_len:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
+                             f"maximum context of {self.max_model_len} tokens")
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(prompt, dataclasses.replace(sampling, stop_tokens=self.stop_tokens), n, seed,
+                                       future))
+        return await future
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.batch_wait_s
+            while len(batch) < self.max_batch:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except asyncio.TimeoutError:
+                    break
+            groups: dict[int, list[_Request]] = {}
+            for r in batch:
+                groups.setdefault(r.n, []).append(r)
+            for n, reqs in groups.items():
+                try:
+                    results = await asyncio.to_thread(self._run, reqs, n)
+                except Exception as e:  # a failure of the whole group reaches each of its requests
+                    for r in reqs:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                    continue
+                for r, res in zip(reqs, results):
+                    if not r.future.done():
+                        r.future.set_result(res)
+
+    def _run(self, reqs: list[_Request], n: int) -> list[list[Sample]]:
+        size = 1 << (len(reqs) - 1).bit_length()  # a power of two: few compiled shapes
+        padded = reqs + [reqs[0]] * (size - len(reqs))
+        with self.device_lock:
+            out = generate(self.params, self.cfg, [r.prompt for r in padded], [r.sampling for r in padded], n=n,
+                           seed=[r.seed for r in padded])
+        return out[:len(reqs)]
+
+    # ------------------------------------------------------------------ prompt scoring
+    def _score_fn(self, params, tokens, segment_ids):
+        logits = models.forward(params, self.cfg, tokens, segment_ids=segment_ids)
+        lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
+        """[None, log p(ids[1] | ids[:1]), ...] (the first token has no prediction)."""
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt ({len(ids)} tokens) exceeds the maximum context of {self.max_model_len}")
+        from sweet_jax.data.batching import bucket_length, default_buckets
+
+        length = bucket_length(len(ids), default_buckets(max(len(ids), 16), 16))
+        tokens = np.zeros((1, length), np.int32)
+        tokens[0, :len(ids)] = ids
+        seg = np.zeros((1, length), np.int32)
+        seg[0, :len(ids)] = 1
+        with self.device_lock:
+            lp = np.asarray(self._score(self.params, jnp.asarray(tokens), jnp.asarray(seg)))[0]
+        return [None] + lp[:len(ids) - 1].astype(float).tolist()

@@ -1,0 +1,157 @@
+"""`python -m sweet_jax.serve` through the `openai` client: a tiny random model with the real Llama-3 tokenizer."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import openai
+import pytest
+
+from sweet_jax import models
+from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                                num_kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("served")
+    params = models.init_params(CFG, jax.random.key(0), std=0.1)
+    models.save_hf_params(params, CFG, d / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(d / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "sweet_jax.serve", "--model", str(d / "model"), "--port",
+                             str(port), "--max-model-len", "2048"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            if proc.poll() is not None:
+                raise AssertionError(open(d / "server.log").read()[-3000:])
+            time.sleep(0.5)
+    yield {"url": url, "params": params, "proc": proc, "log": d / "server.log"}
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server["url"] + "/v1", api_key="none", timeout=300)
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+
+
+def test_models_and_health(server):
+    models_ = _client(server).models.list()
+    assert [m.id for m in models_.data] == ["model"]
+
+
+def test_chat_with_n_16_and_logprobs(server):
+    r = _client(server).chat.completions.create(model="model", messages=MESSAGES, n=16, max_tokens=8,
+                                                temperature=1.0, logprobs=True, seed=3)
+    assert len(r.choices) == 16
+    texts = {c.message.content for c in r.choices}
+    assert len(texts) > 1  # different samples
+    for c in r.choices:
+        assert c.finish_reason in ("stop", "length") and c.logprobs.content
+        assert all(t.logprob <= 0 for t in c.logprobs.content)
+    assert r.usage.completion_tokens >= 16
+
+
+def test_seeded_greedy_chat_is_deterministic_and_matches_the_model(server):
+    from sweet_jax.chat import render_text
+
+    c = _client(server)
+    a = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=6, temperature=0.0, logprobs=True)
+    b = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=6, temperature=0.0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    tok = load_tokenizer(bundled_llama3_tokenizer_dir())
+    ids = tok.encode(render_text(MESSAGES, add_generation_prompt=True), add_special_tokens=False)
+    seq = list(ids)
+    for _ in range(6):
+        logits = models.forward(server["params"], CFG, jnp.asarray([seq], jnp.int32))[0, -1]
+        seq.append(int(jnp.argmax(logits)))
+    expected = seq[len(ids):]
+    assert a.choices[0].message.content == tok.decode([t for t in expected if t not in (128001, 128008, 128009)])
+
+
+def test_stop_strings_cut_the_text(server):
+    c = _client(server)
+    full = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=12, temperature=0.0)
+    text = full.choices[0].message.content
+    assert len(text) > 4
+    stop = text[3:5]
+    cut = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=12, temperature=0.0, stop=[stop])
+    assert cut.choices[0].message.content == text[:text.find(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_streaming_gives_the_same_text_chunk_by_chunk(server):
+    c = _client(server)
+    full = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10, temperature=0.0)
+    chunks = list(c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10, temperature=0.0,
+                                            stream=True))
+    assert len(chunks) >= 3
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert streamed == full.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_completions_echo_logprobs_score_the_prompt(server):
+    tok = load_tokenizer(bundled_llama3_tokenizer_dir())
+    prompt = "The quick brown fox jumps over the lazy dog"
+    r = _client(server).completions.create(model="model", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    lp = r.choices[0].logprobs
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert r.choices[0].text == prompt and lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
+    ref = jax.nn.log_softmax(models.forward(server["params"], CFG, jnp.asarray([ids]))[0], axis=-1)
+    expected = [float(ref[i - 1, ids[i]]) for i in range(1, len(ids))]
+    np.testing.assert_allclose(lp.token_logprobs[1:], expected, atol=1e-4)
+    gen = _client(server).completions.create(model="model", prompt=ids, max_tokens=5, temperature=0.0, logprobs=0)
+    assert len(gen.choices[0].logprobs.token_logprobs) <= 5
+
+
+def test_64_concurrent_requests_complete(server):
+    async def go():
+        client = openai.AsyncOpenAI(base_url=server["url"] + "/v1", api_key="none", timeout=600)
+        rs = await asyncio.gather(*(client.chat.completions.create(
+            model="model", messages=[{"role": "user", "content": f"Request {i}"}], max_tokens=4 + i % 5,
+            temperature=1.0, seed=i) for i in range(64)))
+        await client.close()
+        return rs
+
+    rs = asyncio.run(go())
+    assert len(rs) == 64 and all(r.choices[0].finish_reason in ("stop", "length") for r in rs)
+
+
+@pytest.mark.parametrize("body, status", [
+    (b"{not json", 400),
+    (json.dumps({"model": "model"}).encode(), 400),  # no messages
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}).encode(), 400),
+    (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}).encode(), 400),
+])
+def test_malformed_requests_get_4xx_and_the_server_stays_up(server, body, status):
+    req = urllib.request.Request(server["url"] + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == status
+    assert "message" in json.loads(e.value.read())["error"]
+    assert urllib.request.urlopen(server["url"] + "/health", timeout=10).status == 200
+    assert server["proc"].poll() is None
