@@ -78,3 +78,18 @@ def test_render_benchmark_runs():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"pages: 3 real ColBench targets, 0 failed", proc.stdout), proc.stdout
     assert re.search(r"ratio baseline / ours: [\d.]+x", proc.stdout)
+
+
+@pytest.mark.slow
+def test_prefix_scoring_and_decode_benchmarks_run():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "prefix_scoring.py"), "--history", "256",
+                           "--cand", "32", "--num", "4", "--hidden", "64", "--layers", "1", "--vocab", "1000",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert re.search(r"speed-up shared / independent: [\d.]+x", proc.stdout), proc.stdout
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "decode.py"), "--hidden", "64", "--layers",
+                           "1", "--vocab", "1000", "--batch", "2", "--prompt", "16", "--new", "8", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = re.search(r"greedy tokens agreeing: (\d+)/(\d+)", proc.stdout)
+    assert m and int(m.group(1)) == int(m.group(2)) == 16, proc.stdout  # the same model, the same greedy tokens
