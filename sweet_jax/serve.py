@@ -33,8 +33,9 @@ def main(argv=None) -> int:
     import uvicorn
 
     from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+    from sweet_jax.checkpoint import ModelLoadError, load_model
     from sweet_jax.serving.api import create_app
-    from sweet_jax.serving.engine import Engine, ModelLoadError, load_model
+    from sweet_jax.serving.engine import Engine
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     try:

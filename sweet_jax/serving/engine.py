@@ -1,7 +1,5 @@
 """The serving engine: a model, its tokenizer, and a queue that batches concurrent requests into `generate` calls.
 
-- `load_model(path)` takes an HF checkpoint directory, or a training run directory written by `sweet_jax.train`
-  (its latest Orbax checkpoint; only the params are restored).
 - `Engine.generate(...)` is awaited by each request. A background task gathers the requests that arrive within
   `batch_wait_s` (up to `max_batch` prompts), groups them by their sample count n, pads each group to a power-of-two
   batch (so few shapes are compiled), and runs them on a worker thread. Each prompt keeps its own sampling settings
@@ -14,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import os
 import threading
 
 import jax
@@ -27,38 +23,6 @@ from sweet_jax import models
 from sweet_jax.generate import Sample, SamplingParams, generate
 
 log = logging.getLogger("sweet_jax.serve")
-
-
-class ModelLoadError(RuntimeError):
-    pass
-
-
-def load_model(path: str, dtype: str = "float32") -> tuple[models.LlamaConfig, dict, str | None]:
-    """(config, params, tokenizer directory or None) from an HF directory or a `sweet_jax.train` run directory."""
-    if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
-        import ml_collections
-        import orbax.checkpoint as ocp
-
-        from sweet_jax.training.trainer import model_config
-
-        with open(os.path.join(path, "config.json")) as fh:
-            run = ml_collections.ConfigDict(json.load(fh))
-        cfg = model_config(run.model).replace(compute_dtype=dtype)
-        manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
-        step = manager.latest_step()
-        if step is None:
-            raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
-        abstract = {"params": models.abstract_params(cfg)}
-        params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
-        log.info("loaded %s step %d", path, step)
-        tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
-        return cfg, params, tokenizer
-    if os.path.exists(os.path.join(path, "config.json")):
-        cfg = models.LlamaConfig.from_pretrained(path, compute_dtype=dtype)
-        has_tokenizer = any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
-        return cfg, models.load_hf_params(path, cfg), path if has_tokenizer else None
-    raise ModelLoadError(f"{path}: neither an HF checkpoint directory (config.json + *.safetensors) nor a "
-                         f"sweet_jax training run (config.json + checkpoints/)")
 
 
 @dataclasses.dataclass
