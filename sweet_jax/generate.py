@@ -58,6 +58,12 @@ def sample_logits(logits, keys, temperature, top_p, top_k):
     """One token per row from logits [B, V] (float32), with per-row keys [B] and settings [B]: temperature 0 =
     argmax, top_k 0 = off, top_p 1 = off."""
     greedy = jnp.argmax(logits, axis=-1)
+    # An all-greedy batch skips the random draws (a Gumbel sample per vocabulary entry is costly on CPU).
+    return jax.lax.cond(jnp.all(temperature <= 0), lambda: greedy,
+                        lambda: _draw(logits, keys, temperature, top_p, top_k, greedy))
+
+
+def _draw(logits, keys, temperature, top_p, top_k, greedy):
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
 
     def filtered(scaled):

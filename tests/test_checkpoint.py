@@ -74,3 +74,33 @@ def test_restore_and_hf_load_onto_8_device_mesh(tmp_path):
         print("OK", wq.sharding.spec)
     """)
     assert "OK" in out
+
+
+def test_load_model_reads_a_training_run_and_an_hf_directory(tmp_path):
+    import orbax.checkpoint as ocp
+
+    from sweet_jax.training.defaults import base_config
+
+    c = base_config()
+    c.model.preset = "tiny"
+    c.model.preset_overrides.num_layers = 1
+    cfg = models.LlamaConfig.preset("tiny", num_layers=1)
+    params = models.init_params(cfg, jax.random.key(4))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(c.to_json_best_effort())
+    # the trainer's state layout: params, optimiser state, step; only the params are restored
+    state = {"params": params, "opt_state": {"mu": jax.tree.map(jnp.zeros_like, params)}, "step": jnp.int32(7)}
+    with ocp.CheckpointManager(run / "checkpoints") as manager:
+        manager.save(7, args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+    got_cfg, got, tokenizer = checkpoint.load_model(str(run))
+    assert got_cfg.num_layers == 1 and tokenizer is None
+    _assert_identical(got, params)
+
+    models.save_hf_params(params, cfg, tmp_path / "hf")
+    hf_cfg, hf_params, _ = checkpoint.load_model(str(tmp_path / "hf"))
+    assert hf_cfg.hidden_size == cfg.hidden_size
+    _assert_identical(hf_params, params)
+    with pytest.raises(checkpoint.ModelLoadError, match="neither an HF checkpoint"):
+        checkpoint.load_model(str(tmp_path))

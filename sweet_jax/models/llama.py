@@ -215,11 +215,22 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
     cos, sin = rope_tables(cfg, positions)
 
-    def body(x, xs):
-        layer, k_cache, v_cache = xs
-        return _decoder_layer(cfg, x, layer, cos, sin, segment_ids, (k_cache, v_cache, kv_segment_ids, index))
+    # The whole cache rides in the scan carry and each layer writes its new slots in place (a carried buffer is
+    # updated in place; returning per-layer caches as scan outputs would copy the whole cache at every step).
+    def body(carry, xs):
+        x, k_all, v_all = carry
+        layer, l = xs
+        x, (k_l, v_l) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
+                                       (k_all[l], v_all[l], kv_segment_ids, index))
+        t = tokens.shape[1]
+        k_new = jax.lax.dynamic_slice_in_dim(k_l, index, t, axis=1)
+        v_new = jax.lax.dynamic_slice_in_dim(v_l, index, t, axis=1)
+        k_all = jax.lax.dynamic_update_slice(k_all, k_new[None], (l, 0, index, 0, 0))
+        v_all = jax.lax.dynamic_update_slice(v_all, v_new[None], (l, 0, index, 0, 0))
+        return (x, k_all, v_all), None
 
-    x, (k, v) = jax.lax.scan(body, x, (params["layers"], cache["k"], cache["v"]))
+    (x, k, v), _ = jax.lax.scan(body, (x, cache["k"], cache["v"]),
+                                (params["layers"], jnp.arange(cfg.num_layers)))
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
     return hidden, {"k": k, "v": v, "segment_ids": kv_segment_ids}
 
