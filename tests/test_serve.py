@@ -155,3 +155,23 @@ def test_malformed_requests_get_4xx_and_the_server_stays_up(server, body, status
     assert "message" in json.loads(e.value.read())["error"]
     assert urllib.request.urlopen(server["url"] + "/health", timeout=10).status == 200
     assert server["proc"].poll() is None
+
+
+def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_path):
+    """The embedded default: sweet_jax.serve is both endpoints of a ColBench collection (completions for the agent,
+    chat for the simulator)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweet_jax.collect", "--config", os.path.join(ROOT, "configs", "collect_backend.py"),
+         f"--config.tasks={os.path.join(ROOT, '..', 'shared', 'colbench', 'backend_test.jsonl')}",
+         f"--config.output={tmp_path / 'out.jsonl'}", "--config.limit=3", "--config.rollouts=1",
+         "--config.max_steps=2", f"--config.agent.base_url={server['url']}/v1", "--config.agent.model=model",
+         "--config.agent.max_tokens=12", f"--config.simulator.base_url={server['url']}/v1",
+         "--config.simulator.model=model", "--config.simulator.max_tokens=12"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+    assert len(records) == 3
+    for rec in records:
+        roles = [m["role"] for m in rec["dialogue_history"]]
+        assert roles[0] == "user" and roles[-1] == "assistant" and len(roles) in (2, 4)
+        assert rec["reward"] is not None
