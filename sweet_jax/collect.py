@@ -32,8 +32,13 @@ def main(argv):
     if FLAGS.config is None:
         raise app.UsageError("--config is required, e.g. --config configs/collect_backend.py")
     try:
-        summary = collect(FLAGS.config)
-    except (DataError, ValueError) as e:
+        embed = None
+        if FLAGS.config.task_type == "frontend" and FLAGS.config.clip:
+            from sweet_jax.models.clip import image_embedder  # JAX: the colbench package itself imports none
+
+            embed = image_embedder(FLAGS.config.clip)
+        summary = collect(FLAGS.config, embed=embed)
+    except (DataError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary))

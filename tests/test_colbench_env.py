@@ -137,3 +137,15 @@ def test_an_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DataError, match="facebook/no-such-bench:backend_tasks/test.jsonl: not a local file, and the hub"):
         load_tasks("facebook/no-such-bench:backend_tasks/test.jsonl", "backend")
+
+
+def test_the_colbench_package_imports_no_jax():
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, sweet_jax.colbench as c\n"
+            "[importlib.import_module('sweet_jax.colbench.' + m.name) for m in pkgutil.iter_modules(c.__path__)]\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

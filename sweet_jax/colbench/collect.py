@@ -84,7 +84,7 @@ def _client(c, concurrency: int) -> LLMClient:
                      timeout=c.request_timeout, max_retries=c.max_retries, backoff=c.backoff)
 
 
-async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tuple[int, int], str]]:
+async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tuple[tuple[int, int], str]]:
     from tqdm.auto import tqdm
 
     agent = _client(cfg.agent, cfg.concurrency)
@@ -99,12 +99,9 @@ async def _collect(cfg, tasks, todo, appender, done, progress) -> list[tuple[tup
 
         renderer = Renderer()
         if cfg.evaluate:
-            if cfg.clip:
-                from sweet_jax.models.clip import image_embedder  # (JAX, only for the CLIP metric)
-
-                similarity = Similarity("clip", image_embedder(cfg.clip))
-            else:
-                similarity = Similarity("pixel")
+            if cfg.clip and embed is None:
+                raise ValueError("clip: the CLIP metric needs an image embedder (sweet_jax.collect builds it)")
+            similarity = Similarity("clip", embed) if cfg.clip else Similarity("pixel")
         images = os.path.abspath(cfg.output + ".images")
     elif cfg.evaluate:
         from sweet_jax.colbench.backend_eval import BackendEvaluator
@@ -199,8 +196,9 @@ def summarize(records: list[dict], rollouts: int, task_type: str = "backend") ->
     return out
 
 
-def collect(cfg, progress: bool = True) -> dict:
-    """Run (or resume) the collection job `cfg` (see configs/collect_backend.py). Returns a summary with `failed`."""
+def collect(cfg, progress: bool = True, embed=None) -> dict:
+    """Run (or resume) the collection job `cfg` (see configs/collect_backend.py). Returns a summary with `failed`.
+    embed: the CLIP image embedder for a frontend job with `clip` set (`sweet_jax.models.clip.image_embedder`)."""
     tasks = load_tasks(cfg.tasks, cfg.task_type, cfg.limit or None)
     n, k = len(tasks), int(cfg.rollouts)
     if os.path.exists(cfg.output):
@@ -216,7 +214,7 @@ def collect(cfg, progress: bool = True) -> dict:
     t0 = time.time()
     appender = _Appender(partial)
     try:
-        failed = asyncio.run(_collect(cfg, tasks, todo, appender, done, progress)) if todo else []
+        failed = asyncio.run(_collect(cfg, tasks, todo, appender, done, progress, embed)) if todo else []
     finally:
         appender.close()
     seconds = time.time() - t0
