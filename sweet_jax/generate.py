@@ -111,7 +111,7 @@ def _generate(params, cfg: LlamaConfig, tokens, pad, keys, temperature, top_p, t
         i, cache, logits, out, lps, done, length = carry
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
         tok = sample_logits(logits, step_keys, temperature, top_p, top_k).astype(jnp.int32)
-        lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+        lp = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
         out = out.at[:, i].set(jnp.where(done, 0, tok))
         lps = lps.at[:, i].set(jnp.where(done, 0.0, lp))
         length = length + (~done).astype(jnp.int32)
