@@ -99,12 +99,8 @@ def _generate(params, cfg: LlamaConfig, tokens, pad, keys, temperature, top_p, t
     cache = llama.init_cache(cfg, b, p + max_new)
     hidden, cache = llama.forward_cached(params, cfg, tokens, positions, segment_ids, cache, 0)
     logits = _logits(params, cfg, hidden[:, -1])
-    # the n samples of a prompt share its prefill; decoding keeps one cache buffer per layer (see
-    # `llama.forward_cached_unrolled`)
-    layers = [jax.tree.map(lambda a, l=l: a[l], params["layers"]) for l in range(cfg.num_layers)]
-    cache = {"k": tuple(jnp.repeat(cache["k"][l], n, axis=0) for l in range(cfg.num_layers)),
-             "v": tuple(jnp.repeat(cache["v"][l], n, axis=0) for l in range(cfg.num_layers)),
-             "segment_ids": jnp.repeat(cache["segment_ids"], n, axis=0)}
+    # the n samples of a prompt share its prefill
+    cache = jax.tree.map(lambda c, axis: jnp.repeat(c, n, axis=axis), cache, {"k": 1, "v": 1, "segment_ids": 0})
     logits = jnp.repeat(logits, n, axis=0)
     rep = lambda x: jnp.repeat(x, n, axis=0)  # noqa: E731
     next_pos, temperature, top_p, top_k, limit = map(rep, (p - pad, temperature, top_p, top_k, limit))
@@ -120,8 +116,8 @@ def _generate(params, cfg: LlamaConfig, tokens, pad, keys, temperature, top_p, t
         lps = lps.at[:, i].set(jnp.where(done, 0.0, lp))
         length = length + (~done).astype(jnp.int32)
         done = done | jnp.any(tok[:, None] == stop[None, :], axis=-1) | (length >= limit)
-        hidden, cache = llama.forward_cached_unrolled(params, layers, cfg, tok[:, None], (next_pos + i)[:, None],
-                                                      jnp.ones((rows, 1), jnp.int32), cache, p + i)
+        hidden, cache = llama.forward_cached(params, cfg, tok[:, None], (next_pos + i)[:, None],
+                                             jnp.ones((rows, 1), jnp.int32), cache, p + i)
         return i + 1, cache, _logits(params, cfg, hidden[:, 0]), out, lps, done, length
 
     init = (jnp.int32(0), cache, logits, jnp.zeros((rows, max_new), jnp.int32), jnp.zeros((rows, max_new)),
