@@ -5,27 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: bubblewrap for the ColBench evaluator's sandbox.
-if ! command -v bwrap >/dev/null 2>&1; then
+# System packages from apt, when missing: bubblewrap (the ColBench evaluator's sandbox) and chromium (renders ColBench
+# frontend pages, driven by Playwright through its executable path; never `playwright install`).
+apt_install() {  # apt_install PACKAGE WHAT-NEEDS-IT
     if command -v apt-get >/dev/null 2>&1; then
         SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-        echo "[setup] installing bubblewrap (apt)"
-        $SUDO apt-get install -y -qq bubblewrap >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null; }
+        echo "[setup] installing $1 (apt)"
+        $SUDO apt-get install -y -qq "$1" >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "$1" >/dev/null; }
     else
-        echo "[setup] warning: bubblewrap (bwrap) not found and no apt-get; the ColBench evaluator needs it" >&2
+        echo "[setup] warning: $1 not found and no apt-get; $2 needs it" >&2
     fi
-fi
-
-# Chromium renders ColBench frontend pages (driven by Playwright through its executable path; never
-# `playwright install`).
+}
+command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap "the ColBench evaluator"
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_JAX_CHROMIUM:-}" ]; then
-    if command -v apt-get >/dev/null 2>&1; then
-        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-        echo "[setup] installing chromium (apt)"
-        $SUDO apt-get install -y -qq chromium >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; }
-    else
-        echo "[setup] warning: chromium not found and no apt-get; the ColBench frontend renderer needs it" >&2
-    fi
+    apt_install chromium "the ColBench frontend renderer"
 fi
 
 # Tailwind 2.2.19's CSS from the npm registry, for offline rendering (every frontend page loads it).

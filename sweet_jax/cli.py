@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from absl import flags
+
+QUIET_LOGGERS = ("absl", "jax", "orbax", "datasets", "httpx", "httpx2", "openai", "filelock")
+
+
+def setup_logging() -> None:
+    """INFO logs on stderr with timestamps; the chatty libraries at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr, force=True)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -8,13 +8,12 @@ Resumable: rerun the same command after a crash or kill and it continues where i
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from sweet_jax.cli import parse_flags
+from sweet_jax.cli import parse_flags, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "A collection config file under configs/.", lock_config=True)
 FLAGS = flags.FLAGS
@@ -22,10 +21,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr, force=True)
-    for noisy in ("absl", "httpx", "httpx2", "openai"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging()
     from sweet_jax.colbench.collect import collect
     from sweet_jax.data.trajectories import DataError
 

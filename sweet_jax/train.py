@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from sweet_jax.cli import parse_flags
+from sweet_jax.cli import parse_flags, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "A job config file under configs/.", lock_config=True)
 FLAGS = flags.FLAGS
@@ -17,10 +16,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr, force=True)
-    for noisy in ("absl", "jax", "orbax", "datasets", "httpx", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging()
     from sweet_jax import distributed
     from sweet_jax.data.trajectories import DataError
     from sweet_jax.models import CheckpointError, ConfigError

@@ -30,7 +30,7 @@ import threading
 from sweet_jax.colbench import sandbox
 from sweet_jax.colbench.sandbox_worker import decode
 from sweet_jax.colbench.scoring import extract_code, vetoed
-from sweet_jax.colbench.jsonl import append_scored, load_partial, write_jsonl
+from sweet_jax.colbench.jsonl import append_scored, load_partial, parse_object, write_jsonl
 from sweet_jax.data.trajectories import DataError, task_key
 
 SEMANTICS = {"reference": "official", "clean": "clean"}
@@ -106,12 +106,7 @@ class BackendEvaluator:
 # ------------------------------------------------------------------------------------------------ files
 def parse_record(line: str, where: str) -> dict:
     """A record with a backend `task` (ground_truth, test_cases) and a string `answer`; DataError names the field."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    rec = parse_object(line, where)
     task = rec.get("task")
     if not isinstance(task, dict):
         raise DataError(f"{where}: field 'task': missing or not an object")

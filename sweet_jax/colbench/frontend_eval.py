@@ -16,21 +16,15 @@ The summary gives the mean similarity, best-of-k when tasks repeat, and, with a 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 from sweet_jax.colbench.similarity import Similarity, win_rate
-from sweet_jax.colbench.jsonl import append_scored, load_partial, write_jsonl
+from sweet_jax.colbench.jsonl import append_scored, load_partial, parse_object, write_jsonl
 from sweet_jax.data.trajectories import DataError, task_key
 
 
 def parse_record(line: str, where: str) -> dict:
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    rec = parse_object(line, where)
     task = rec.get("task")
     if not isinstance(task, dict) or not isinstance(task.get("ground_truth"), str):
         raise DataError(f"{where}: field 'task.ground_truth': missing or not an HTML string")

@@ -6,6 +6,19 @@ from __future__ import annotations
 import json
 import os
 
+from sweet_jax.data.trajectories import DataError
+
+
+def parse_object(line: str, where: str) -> dict:
+    """One JSONL line as a JSON object; DataError("{where}: ...") otherwise."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    return rec
+
 
 def write_jsonl(path: str | os.PathLike, records: list[dict]) -> str:
     """Atomically write records as JSONL (a temp file, then a rename)."""
