@@ -106,6 +106,7 @@ def sample(args) -> dict:
 
 
 def _read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
+    from sweet_jax.colbench.jsonl import parse_object
     from sweet_jax.data.trajectories import DataError
 
     records = []
@@ -117,10 +118,7 @@ def _read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+            rec = parse_object(line, f"{path}:{lineno}")
             for key in required:
                 if key not in rec:
                     raise DataError(f"{path}:{lineno}: field '{key}': missing")

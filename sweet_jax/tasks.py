@@ -14,6 +14,7 @@ import sys
 
 
 def _excerpts(path: str, field: str, limit: int | None, max_chars: int) -> list[str]:
+    from sweet_jax.colbench.jsonl import parse_object
     from sweet_jax.data.trajectories import DataError
 
     out = []
@@ -28,11 +29,8 @@ def _excerpts(path: str, field: str, limit: int | None, max_chars: int) -> list[
             if not line.strip():
                 continue
             if path.endswith((".jsonl", ".json")):
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
-                if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
+                rec = parse_object(line, f"{path}:{lineno}")
+                if not isinstance(rec.get(field), str):
                     raise DataError(f"{path}:{lineno}: field '{field}': missing or not a string")
                 text = rec[field]
             else:
