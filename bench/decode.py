@@ -35,7 +35,7 @@ def worker_jax(args) -> dict:
     from sweet_jax.generate import SamplingParams, generate
 
     cfg = models.LlamaConfig.from_pretrained(args.ckpt)
-    params = models.load_hf_params(args.ckpt, cfg)
+    params = models.llama.unstack_layers(models.load_hf_params(args.ckpt, cfg))  # the inference layout, as served
     prompts = _prompts(args)
     sp = SamplingParams(temperature=0.0, max_tokens=args.new)
     generate(params, cfg, prompts, sp)  # compile
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--worker", choices=["jax", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

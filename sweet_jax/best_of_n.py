@@ -81,9 +81,11 @@ def sample(args) -> dict:
     from sweet_jax.checkpoint import load_model
     from sweet_jax.colbench.jsonl import append_scored
     from sweet_jax.generate import SamplingParams, generate
+    from sweet_jax.models.llama import unstack_layers
 
     states = states_of(args.input, args.data_fraction)
     cfg, params, tok_dir = load_model(args.model, args.dtype)
+    params = unstack_layers(params)  # the inference layout, once
     tok = load_tokenizer(args.tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
     eot = tok.convert_tokens_to_ids(EOT)
     sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, stop_tokens=(eot,))
@@ -135,17 +137,20 @@ def rank(args) -> dict:
     from sweet_jax.colbench.jsonl import append_scored
     from sweet_jax.data.examples import INFO_TEMPLATE
     from sweet_jax.data.trajectories import DataError
+    from sweet_jax.models.llama import unstack_layers
     from sweet_jax.prefix_scoring import continuation_logprobs
 
     required = ("input", "ground_truth", "additional_outputs", "additional_reference_logprobs",
                 "additional_reference_logprobs_sum")
     records = _read_jsonl(args.input, required)
     cfg, critic, tok_dir = load_model(args.critic, args.dtype)
+    critic = unstack_layers(critic)  # the inference layout, once
     ref = None
     if args.reference == "model":
         if not args.reference_model:
             raise DataError("--reference model needs --reference-model (the frozen reference critic)")
         ref_cfg, ref, _ = load_model(args.reference_model, args.dtype)
+        ref = unstack_layers(ref)
         if ref_cfg.vocab_size != cfg.vocab_size:
             raise DataError("the reference model's vocabulary differs from the critic's")
     tok = load_tokenizer(args.tokenizer or tok_dir or bundled_llama3_tokenizer_dir())

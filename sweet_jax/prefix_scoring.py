@@ -32,7 +32,7 @@ def _shared_prefix_logprobs(params, cfg: LlamaConfig, prefix, prefix_len, cands,
     seg = (jnp.arange(p) < prefix_len).astype(jnp.int32)[None]
     hidden, cache = llama.forward_cached(params, cfg, prefix[None], jnp.arange(p)[None], seg, cache, 0)
     last = jax.lax.dynamic_index_in_dim(hidden[0], prefix_len - 1, axis=0, keepdims=False)  # predicts cands[:, 0]
-    cache = jax.tree.map(lambda x, axis: jnp.repeat(x, n, axis=axis), cache, {"k": 1, "v": 1, "segment_ids": 0})
+    cache = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), cache)
     positions = prefix_len + jnp.broadcast_to(jnp.arange(c), (n, c))
     hidden, _ = llama.forward_cached(params, cfg, cands, positions, cand_seg, cache, p)
     h = jnp.concatenate([jnp.broadcast_to(last, (n, 1, last.shape[-1])), hidden[:, :-1]], axis=1)
@@ -42,7 +42,8 @@ def _shared_prefix_logprobs(params, cfg: LlamaConfig, prefix, prefix_len, cands,
 
 def continuation_logprobs(params, cfg: LlamaConfig, prefix: list[int], continuations: list[list[int]], *,
                           chunk: int = 2048) -> list[np.ndarray]:
-    """Per-token log-probs (float32) of each continuation given the shared prefix."""
+    """Per-token log-probs (float32) of each continuation given the shared prefix. `params` are best passed in the
+    inference layout (`llama.unstack_layers`, once); stacked params are unstacked for the call, a copy."""
     if not prefix or not continuations or any(len(c) == 0 for c in continuations):
         raise ValueError("a non-empty prefix and non-empty continuations are needed")
     p = bucket_length(len(prefix), default_buckets(max(len(prefix), 16), 16))
@@ -55,6 +56,6 @@ def continuation_logprobs(params, cfg: LlamaConfig, prefix: list[int], continuat
     for i, cont in enumerate(continuations):
         cands[i, :len(cont)] = cont
         seg[i, :len(cont)] = 1
-    lp = np.asarray(_shared_prefix_logprobs(params, cfg, jnp.asarray(prefix_arr), jnp.int32(len(prefix)),
-                                            jnp.asarray(cands), jnp.asarray(seg), chunk=chunk))
+    lp = np.asarray(_shared_prefix_logprobs(llama.unstack_layers(params), cfg, jnp.asarray(prefix_arr),
+                                            jnp.int32(len(prefix)), jnp.asarray(cands), jnp.asarray(seg), chunk=chunk))
     return [lp[i, :len(cont)] for i, cont in enumerate(continuations)]

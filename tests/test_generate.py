@@ -1,5 +1,7 @@
 """KV-cache generation against the model's own forward pass."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ import pytest
 from scipy import stats
 
 from sweet_jax import models
-from sweet_jax.generate import SamplingParams, generate
+from sweet_jax.generate import Sample, SamplingParams, generate, generate_stream
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
@@ -60,6 +62,34 @@ def test_stop_tokens_end_a_row_and_are_kept(params):
     assert out[0][0].tokens == free.tokens[:first + 1] and out[0][0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("segment", [1, 5])
+def test_streamed_deltas_add_up_to_the_whole_generation(params, segment):
+    """generate_stream yields each sample's new tokens in order, its finish reason with its last delta only, and
+    the same tokens and log-probs as one-shot generation (rows stopping at a stop token and at max_tokens)."""
+    stop = generate(params, CFG, [PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12))[0][0].tokens[3]
+    sp = [SamplingParams(temperature=0.0, max_tokens=12, stop_tokens=(stop,)),
+          SamplingParams(temperature=1.0, max_tokens=9, stop_tokens=(stop,)),
+          SamplingParams(temperature=1.0, max_tokens=12, stop_tokens=(stop,))]
+    whole = generate(params, CFG, PROMPTS, sp, n=2, seed=[1, 2, 3])
+    got = [[Sample([], [], None) for _ in range(2)] for _ in PROMPTS]
+    yields = 0
+    for deltas in generate_stream(params, CFG, PROMPTS, sp, n=2, seed=[1, 2, 3], segment=segment):
+        yields += 1
+        for row, drow in zip(got, deltas):
+            for s, d in zip(row, drow):
+                if s.finish_reason is not None:  # after the last delta: empty deltas only
+                    assert d == Sample([], [], None)
+                s.tokens += d.tokens
+                s.logprobs += d.logprobs
+                s.finish_reason = s.finish_reason or d.finish_reason
+    assert yields >= 12 // segment
+    assert whole[0][0].finish_reason == "stop" and any(s.finish_reason == "length" for r in whole for s in r)
+    for row, wrow in zip(got, whole):
+        for s, w in zip(row, wrow):
+            assert (s.tokens, s.finish_reason) == (w.tokens, w.finish_reason)
+            np.testing.assert_allclose(s.logprobs, w.logprobs, atol=1e-6)
+
+
 @pytest.mark.parametrize("temperature, top_k", [(0.7, 0), (1.3, 0), (1.0, 5)])
 def test_sampled_frequencies_match_the_softmax(temperature, top_k):
     cfg = CFG.replace(vocab_size=24)
@@ -103,18 +133,29 @@ def test_each_prompt_keeps_its_own_settings_and_seed_in_a_shared_batch(params):
     assert alone[0].tokens != alone[1].tokens  # two different draws from one prefill
 
 
-def test_decoding_does_not_copy_the_weights():
-    """The compiled sampler's temporaries stay far below the layer weights: the decode loop reads the stacked
-    weights in place (an unrolled loop over per-layer slices was measured copying all of them)."""
-    from sweet_jax.generate import _generate
+def test_decoding_copies_neither_the_weights_nor_the_cache():
+    """The compiled decode segment's temporaries do not grow with the layers or the cache: it reads the per-layer
+    weights and updates the donated cache in place. (Slicing layers out of stacked weights was measured copying all
+    of them; slicing a stacked cache copied it at every step.)"""
+    from sweet_jax.generate import _decode, _prefill
 
-    cfg = models.LlamaConfig.preset("tiny", vocab_size=32000, hidden_size=512, intermediate_size=2048, num_layers=8,
-                                    num_heads=8, num_kv_heads=2)
-    params = models.abstract_params(cfg)
-    b = 4
-    compiled = _generate.lower(
-        params, cfg, jax.ShapeDtypeStruct((b, 64), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)), jnp.ones(b), jnp.ones(b), jnp.zeros(b, jnp.int32),
-        jnp.full(b, 64, jnp.int32), jnp.full(8, -1, jnp.int32), max_new=64, n=2).compile()
-    layer_bytes = sum(int(np.prod(x.shape)) * 4 for x in jax.tree.leaves(params["layers"]))
-    assert compiled.memory_analysis().temp_size_in_bytes < 0.5 * layer_bytes
+    def temp_bytes(layers, cache_len):
+        cfg = models.LlamaConfig.preset("tiny", vocab_size=32000, hidden_size=512, intermediate_size=2048,
+                                        num_layers=layers, num_heads=8, num_kv_heads=2)
+        params = jax.eval_shape(models.llama.unstack_layers, models.abstract_params(cfg))
+        b = 4
+        state = jax.eval_shape(
+            functools.partial(_prefill, cfg=cfg, max_new=cache_len // 2, n=2), params,
+            tokens=jax.ShapeDtypeStruct((b, cache_len // 2), jnp.int32), pad=jax.ShapeDtypeStruct((b,), jnp.int32),
+            keys=jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)), temperature=jnp.ones(b),
+            top_p=jnp.ones(b), top_k=jnp.zeros(b, jnp.int32), limit=jnp.full(b, 64, jnp.int32),
+            stop=jnp.full(8, -1, jnp.int32))
+        compiled = _decode.lower(params, cfg, state, jnp.int32(64)).compile()
+        nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+        return compiled.memory_analysis().temp_size_in_bytes, nbytes(params["layers"]), nbytes(state["cache"])
+
+    base, _, _ = temp_bytes(2, 128)
+    deep, layer_bytes, _ = temp_bytes(8, 128)
+    long, _, cache_bytes = temp_bytes(2, 4096)
+    assert deep - base < 0.02 * layer_bytes, (base, deep, layer_bytes)  # 8 layers: 121 MB
+    assert long - base < 0.02 * cache_bytes, (base, long, cache_bytes)  # 2 layers x 8 rows x 4096: 67 MB

@@ -50,6 +50,34 @@ def test_reference_attention_matches_naive_loop():
             np.testing.assert_allclose(out[0, t, n], p @ vn[0, allowed, n // 2], atol=1e-5)
 
 
+def test_decode_attention_over_a_cache_equals_the_reference():
+    """One query per row against a [B, K, S, H] cache, with padding, a cache index mid-way (later slots are empty and
+    must not be seen) and grouped query heads."""
+    from sweet_jax.models.attention import cached_attention
+
+    k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(k1, (2, 1, 4, 8))
+    k = jax.random.normal(k2, (2, 9, 2, 8))
+    v = jax.random.normal(k3, (2, 9, 2, 8))
+    kv_seg = jnp.array([[1, 1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    index = 5  # the query sits at slot 5: slots 6.. hold garbage and must be ignored
+    out = cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.ones((2, 1), jnp.int32), kv_seg,
+                           q_offset=index, impl="reference")
+    ref = attention(q, k[:, :index + 1], v[:, :index + 1], jnp.ones((2, 1), jnp.int32), kv_seg[:, :index + 1],
+                    impl="reference")
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def test_unstacked_layers_give_the_same_forward(params):
+    unstacked = models.llama.unstack_layers(params)
+    assert len(unstacked["layers"]) == CFG.num_layers and models.llama.unstack_layers(unstacked) is unstacked
+    tokens = _tokens()
+    np.testing.assert_allclose(models.forward_hidden(unstacked, CFG, tokens), models.forward_hidden(params, CFG, tokens),
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="unstack_layers"):
+        models.llama.forward_cached(params, CFG, tokens, None, None, models.llama.init_cache(CFG, 2, 16), 0)
+
+
 @pytest.mark.parametrize("t", [3, 7])
 def test_xla_attention_matches_reference_square_and_not(t):
     """Square attention uses the kernel's is_causal; a query suffix (T < S, as in decoding) the explicit mask."""

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from sweet_jax.models.attention import attention
+from sweet_jax.models.attention import attention, cached_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
 from sweet_jax.sharding import constrain
@@ -126,7 +126,7 @@ _REMAT = {
 
 
 def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None):
-    """One layer. With `kv` = (k_cache [B,S,K,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
+    """One layer. With `kv` = (k_cache [B,K,S,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
     written into the cache at `index` and the queries attend over the whole cache; returns (x, (k_cache, v_cache))."""
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
@@ -141,11 +141,15 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
         a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
     else:
         k_cache, v_cache, kv_segment_ids, index = kv
-        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), index, axis=1)
-        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=1)
-        a = attention(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids, kv_segment_ids,
-                      impl=cfg.attention_impl, q_offset=index)
-    x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index, axis=2)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, axis=2)
+        a = cached_attention(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
+                             impl=cfg.attention_impl)
+    if kv is None:
+        x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
+    else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
+        b, t, n, hd = a.shape
+        x = x + jnp.einsum("btx,xd->btd", a.reshape(b, t, n * hd), w["wo"].reshape(n * hd, -1))
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     g = jnp.einsum("btd,df->btf", h, w["w_gate"])
@@ -175,6 +179,7 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
 
     positions: int [B, T] RoPE positions (default 0..T-1). For a left-padded batch pass the per-row positions.
     segment_ids: int [B, T]; tokens attend only within their segment (pads = 0, packed docs = 1, 2, ...).
+    Stacked layers (training) run under `lax.scan`; the inference layout (`unstack_layers`) runs them in turn.
     """
     positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids)
     dt = jnp.dtype(cfg.compute_dtype)
@@ -189,50 +194,61 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
     if cfg.remat_policy != "none":
         layer_fn = jax.checkpoint(layer_fn, policy=_REMAT[cfg.remat_policy], prevent_cse=False)
 
-    def body(carry, layer):
-        return layer_fn(carry, layer, cos, sin, segment_ids), None
-
-    x, _ = jax.lax.scan(body, x, params["layers"])
+    if isinstance(params["layers"], (tuple, list)):  # the inference layout (`unstack_layers`)
+        for layer in params["layers"]:
+            x = layer_fn(x, layer, cos, sin, segment_ids)
+    else:
+        x, _ = jax.lax.scan(lambda carry, layer: (layer_fn(carry, layer, cos, sin, segment_ids), None), x,
+                            params["layers"])
     return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
 
 
+def unstack_layers(params: Params) -> Params:
+    """The inference layout: `layers` as a tuple of per-layer dicts instead of stacked [L, ...] arrays.
+
+    Training scans over the stacked layers. Decoding runs one token through every layer at each step, and slicing a
+    layer out of the stack copies its weights at every step (XLA:CPU measured: the copies took longer than the
+    matmuls). Unstacked, each layer is its own array and nothing is copied. This makes new arrays: drop the stacked
+    params afterwards to keep one copy in memory. Params already unstacked are returned as they are."""
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+        return params
+    n = jax.tree.leaves(layers)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
+
+
 def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
-    """An empty KV cache for `batch` rows of `size` positions: k, v [L, B, S, K, H] and segment_ids [B, S] (0 =
-    empty, never attended to by a real token)."""
-    shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+    """An empty KV cache for `batch` rows of `size` positions: per-layer tuples k, v of [B, K, S, H] arrays (the
+    layout decode attention reads without transposes) and segment_ids [B, S] (0 = empty, never attended to by a real
+    token). Every array has the batch first."""
+    shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+    layers = range(cfg.num_layers)
+    return {"k": tuple(jnp.zeros(shape, dtype) for _ in layers), "v": tuple(jnp.zeros(shape, dtype) for _ in layers),
             "segment_ids": jnp.zeros((batch, size), jnp.int32)}
 
 
 def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index):
     """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
     index .. index + T - 1 (the same slots for every row; rows are left-padded to line up). Returns (final hidden
-    states [B, T, D], updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads."""
+    states [B, T, D], updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads.
+    `params` must be in the inference layout (`unstack_layers`): the layers run one after the other, each updating
+    its own cache arrays in place."""
+    if not isinstance(params["layers"], (tuple, list)):
+        raise ValueError("forward_cached takes params in the inference layout: pass llama.unstack_layers(params)")
     dt = jnp.dtype(cfg.compute_dtype)
     kv_segment_ids = jax.lax.dynamic_update_slice_in_dim(cache["segment_ids"], segment_ids.astype(jnp.int32),
                                                          index, axis=1)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
     cos, sin = rope_tables(cfg, positions)
-
-    # The whole cache rides in the scan carry and each layer writes its new slots in place (a carried buffer is
-    # updated in place; returning per-layer caches as scan outputs would copy the whole cache at every step).
-    def body(carry, xs):
-        x, k_all, v_all = carry
-        layer, l = xs
-        x, (k_l, v_l) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
-                                       (k_all[l], v_all[l], kv_segment_ids, index))
-        t = tokens.shape[1]
-        k_new = jax.lax.dynamic_slice_in_dim(k_l, index, t, axis=1)
-        v_new = jax.lax.dynamic_slice_in_dim(v_l, index, t, axis=1)
-        k_all = jax.lax.dynamic_update_slice(k_all, k_new[None], (l, 0, index, 0, 0))
-        v_all = jax.lax.dynamic_update_slice(v_all, v_new[None], (l, 0, index, 0, 0))
-        return (x, k_all, v_all), None
-
-    (x, k, v), _ = jax.lax.scan(body, (x, cache["k"], cache["v"]),
-                                (params["layers"], jnp.arange(cfg.num_layers)))
+    ks, vs = [], []
+    for layer, k_cache, v_cache in zip(params["layers"], cache["k"], cache["v"], strict=True):
+        x, (k_cache, v_cache) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
+                                               (k_cache, v_cache, kv_segment_ids, index))
+        ks.append(k_cache)
+        vs.append(v_cache)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
-    return hidden, {"k": k, "v": v, "segment_ids": kv_segment_ids}
+    return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": kv_segment_ids}
 
 
 def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:

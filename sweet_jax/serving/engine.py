@@ -37,7 +37,8 @@ class _Request:
 class Engine:
     def __init__(self, params, cfg: models.LlamaConfig, tokenizer, *, model_name: str = "sweet_jax",
                  max_batch: int = 64, batch_wait_s: float = 0.01, max_model_len: int = 8192):
-        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        # the inference layout (per-layer arrays); the caller should drop its stacked params to hold one copy
+        self.params, self.cfg, self.tokenizer = models.llama.unstack_layers(params), cfg, tokenizer
         self.model_name = model_name
         self.max_batch, self.batch_wait_s, self.max_model_len = max_batch, batch_wait_s, max_model_len
         eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
