@@ -49,8 +49,10 @@ def main(argv=None) -> int:
     gather = jnp.asarray(np.tile(np.arange(args.history, args.history + args.cand), (args.num, 1)), jnp.int32)
     independent = jax.jit(lambda p, t, g: gathered_logprobs(p, cfg, t, g, chunk=2048))
 
+    inference = models.llama.unstack_layers(params)  # the ranking CLI converts its critic once, like this
+
     def run_shared():
-        return continuation_logprobs(params, cfg, history, cands)
+        return continuation_logprobs(inference, cfg, history, cands)
 
     def run_independent():
         return np.asarray(independent(params, full, gather))

@@ -218,9 +218,15 @@ def generate(params, cfg: LlamaConfig, prompts: list[list[int]],
     results = [[Sample([], [], None) for _ in range(n)] for _ in prompts]
     for deltas in generate_stream(params, cfg, prompts, sampling, n=n, seed=seed, segment=1 << 30,
                                   prompt_buckets=prompt_buckets, new_buckets=new_buckets):
-        for row, drow in zip(results, deltas):
-            for sample, delta in zip(row, drow):
-                sample.tokens += delta.tokens
-                sample.logprobs += delta.logprobs
-                sample.finish_reason = delta.finish_reason or sample.finish_reason
+        add_deltas(results, deltas)
     return results
+
+
+def add_deltas(results: list[list[Sample]], deltas: list[list[Sample]]) -> None:
+    """Append streamed deltas[prompt][sample] to the accumulated results (in place; extra delta rows, such as a
+    padded batch's, are ignored)."""
+    for row, drow in zip(results, deltas):
+        for sample, delta in zip(row, drow):
+            sample.tokens += delta.tokens
+            sample.logprobs += delta.logprobs
+            sample.finish_reason = sample.finish_reason or delta.finish_reason

@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-model-len", type=int, default=8192, help="prompt + generated tokens, at most")
     p.add_argument("--max-batch", type=int, default=64, help="prompts batched into one generate call, at most")
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a batch waits for more requests")
+    p.add_argument("--stream-segment", type=int, default=8,
+                   help="decode steps between the chunks of a streamed response")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -46,7 +48,8 @@ def main(argv=None) -> int:
         return 2
     engine = Engine(params, cfg, tokenizer, model_name=args.served_model_name or os.path.basename(
         os.path.abspath(args.model)), max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
-        max_model_len=min(args.max_model_len, cfg.max_position_embeddings))
+        max_model_len=min(args.max_model_len, cfg.max_position_embeddings), stream_segment=args.stream_segment)
+    del params  # the engine keeps its own (per-layer) copy
     uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0
 

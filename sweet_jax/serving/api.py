@@ -4,7 +4,8 @@ Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/comp
 
 - Chat completions accept `messages` (string contents, or lists of text parts), which are rendered in the Llama-3.1
   chat format. Supported: n, temperature, top_p, top_k (a vLLM extension), max_tokens / max_completion_tokens,
-  stop (strings), logprobs, seed and stream (server-sent events, one chunk per token).
+  stop (strings), logprobs, seed and stream (server-sent events sent while the batch decodes: new text every
+  `Engine.stream_segment` decode steps, held back only where it could still become a stop string).
 - Completions accept a prompt string or a list of token ids. Supported: n, temperature, top_p, top_k, max_tokens
   (0 with `echo` scores the prompt only), stop, logprobs, echo and seed.
 - Generation ends at <|eot_id|> or the model's EOS, which are not part of the returned text. A stop string cuts the
@@ -14,6 +15,7 @@ Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/comp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -64,36 +66,72 @@ def _stops(stop) -> list[str]:
     return [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
 
 
-class _Text:
-    """Generated tokens -> (text, token strings, log-probs, finish reason), with stop strings applied. The final
-    stop token (EOT / EOS) is not part of the text."""
+@dataclasses.dataclass
+class _Piece:
+    text: str  # new text
+    tokens: list[tuple[str, float, int]]  # (token text, log-prob, character offset) of the tokens it completes
+    finish_reason: str | None  # set once, with the last piece
 
-    def __init__(self, tokenizer, stop_tokens):
-        self.tok, self.stop_tokens = tokenizer, set(stop_tokens)
 
-    def __call__(self, sample: Sample, stops: list[str]):
-        ids, lps = list(sample.tokens), list(sample.logprobs)
-        if ids and ids[-1] in self.stop_tokens:
-            ids, lps = ids[:-1], lps[:-1]
-        text = self.tok.decode(ids)
-        reason = sample.finish_reason
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-        pieces, offsets, pos = [], [], 0
-        for t in ids:
-            piece = self.tok.decode([t])
-            pieces.append(piece)
-            offsets.append(pos)
-            pos += len(piece)
+class _Detokenizer:
+    """One sample's tokens -> text, as they arrive, with stop strings applied.
+
+    - The final stop token (EOT / EOS) is not part of the text.
+    - A stop string cuts the text before its first occurrence (finish_reason "stop"); the tokens are cut with it.
+    - While a sample runs, the text that could still turn into a stop string, and an incomplete UTF-8 character,
+      are held back, so streamed text never has to be taken back.
+    - A token counts as emitted once all of its text has been; its text is what it adds to the decoded text.
+    Decoding is incremental: only the tokens after the last complete character are decoded again."""
+
+    def __init__(self, tokenizer, stop_tokens, stops: list[str]):
+        self.tok, self.stop_tokens, self.stops = tokenizer, set(stop_tokens), stops
+        self.hold = max((len(x) for x in stops), default=1) - 1
+        self.lps: list[float] = []
+        self.ends: list[int] = []  # ends[k]: length of the text of tokens 0..k
+        self.settled, self.settled_len, self.pending = "", 0, []  # text up to a character boundary; tokens after it
+        self.sent, self.sent_tokens, self.finished = 0, 0, False
+
+    def feed(self, tokens: list[int], logprobs: list[float], finish_reason: str | None) -> _Piece:
+        if self.finished:
+            return _Piece("", [], None)
+        if finish_reason is not None and tokens and tokens[-1] in self.stop_tokens:
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        for t, lp in zip(tokens, logprobs):
+            self.pending.append(t)
+            tail = self.tok.decode(self.pending)
+            self.ends.append(self.settled_len + len(tail))
+            self.lps.append(lp)
+            if not tail.endswith("\ufffd"):  # a character boundary: settle
+                self.settled += tail
+                self.settled_len, self.pending = len(self.settled), []
+        text = self.settled + (self.tok.decode(self.pending) if self.pending else "")
+        cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
+        reason = None
         if cut >= 0:
-            text, reason = text[:cut], "stop"
-            keep = sum(1 for o, p in zip(offsets, pieces) if o + len(p) <= cut)
-            pieces, lps, offsets = pieces[:keep], lps[:keep], offsets[:keep]
-        return text, pieces, lps, offsets, reason
+            end, reason = cut, "stop"
+        elif finish_reason is not None:
+            end, reason = len(text), finish_reason
+        else:
+            end = len(text) - self.hold
+            while end > self.sent and text[end - 1] == "\ufffd":
+                end -= 1
+        end = max(end, self.sent)
+        done = []
+        while self.sent_tokens < len(self.ends) and self.ends[self.sent_tokens] <= end:
+            k = self.sent_tokens
+            start = self.ends[k - 1] if k else 0
+            done.append((text[start:self.ends[k]], self.lps[k], start))
+            self.sent_tokens += 1
+        piece = _Piece(text[self.sent:end], done, reason)
+        self.sent, self.finished = end, reason is not None
+        return piece
 
 
 def create_app(engine) -> FastAPI:
     app = FastAPI(title="sweet_jax", docs_url=None, redoc_url=None)
-    text_of = _Text(engine.tokenizer, engine.stop_tokens)
+
+    def detokenizer(stop) -> _Detokenizer:
+        return _Detokenizer(engine.tokenizer, engine.stop_tokens, _stops(stop))
 
     @app.on_event("startup")
     async def _start():
@@ -114,13 +152,10 @@ def create_app(engine) -> FastAPI:
         return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
                                             "owned_by": "sweet_jax", "max_model_len": engine.max_model_len}]}
 
-    def _sampling(body, max_tokens: int) -> SamplingParams:
-        return SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
-                              max_tokens=max_tokens)
-
-    async def _samples(prompt_ids, body, max_tokens):
+    def _request(body, max_tokens: int) -> tuple[SamplingParams, int, int]:
         seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "little")
-        return await engine.generate(prompt_ids, _sampling(body, max_tokens), body.n, seed)
+        return (SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
+                               max_tokens=max_tokens), body.n, seed)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
@@ -138,26 +173,27 @@ def create_app(engine) -> FastAPI:
             return _error(400, f"messages: {e}")
         ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
         max_tokens = body.max_completion_tokens or body.max_tokens or min(1024, engine.max_model_len - len(ids))
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         try:
-            samples = await _samples(ids, body, max(1, max_tokens))
+            if body.stream:
+                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)))
+                return StreamingResponse(_chat_stream(rid, created, engine.model_name, deltas, body.n,
+                                                      [detokenizer(body.stop) for _ in range(body.n)],
+                                                      body.logprobs), media_type="text/event-stream")
+            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)))
         except ValueError as e:
             return _error(400, str(e))
-        rid, created, stops = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), _stops(body.stop)
-        outs = [text_of(s, stops) for s in samples]
-        usage = {"prompt_tokens": len(ids), "completion_tokens": sum(len(s.tokens) for s in samples),
-                 "total_tokens": len(ids) + sum(len(s.tokens) for s in samples)}
-        if body.stream:
-            return StreamingResponse(_chat_stream(rid, created, engine.model_name, outs, body.logprobs),
-                                     media_type="text/event-stream")
+        completion = sum(len(s.tokens) for s in samples)
         choices = []
-        for i, (text, pieces, lps, _, reason) in enumerate(outs):
-            choice = {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                      "logprobs": None}
-            if body.logprobs:
-                choice["logprobs"] = {"content": [_token_logprob(p, lp) for p, lp in zip(pieces, lps)]}
-            choices.append(choice)
+        for i, s in enumerate(samples):
+            piece = detokenizer(body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
+            choices.append({"index": i, "message": {"role": "assistant", "content": piece.text},
+                            "finish_reason": piece.finish_reason,
+                            "logprobs": {"content": [_token_logprob(t, lp) for t, lp, _ in piece.tokens]}
+                            if body.logprobs else None})
         return {"id": rid, "object": "chat.completion", "created": created, "model": engine.model_name,
-                "choices": choices, "usage": usage}
+                "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                                              "total_tokens": len(ids) + completion}}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody):
@@ -177,19 +213,21 @@ def create_app(engine) -> FastAPI:
             return _error(400, "max_tokens: 0 is only meaningful with echo (prompt scoring)")
         try:
             prompt_lps = engine.prompt_logprobs(ids) if body.echo and body.logprobs is not None else None
-            samples = (await _samples(ids, body, body.max_tokens) if body.max_tokens > 0
+            samples = (await engine.generate(ids, *_request(body, body.max_tokens)) if body.max_tokens > 0
                        else [Sample([], [], "length")] * body.n)
         except ValueError as e:
             return _error(400, str(e))
         prompt_text = engine.tokenizer.decode(ids)
         prompt_pieces = [engine.tokenizer.decode([t]) for t in ids]
-        stops = _stops(body.stop)
         choices = []
         for i, s in enumerate(samples):
-            text, pieces, lps, offsets, reason = text_of(s, stops)
-            choice = {"index": i, "text": (prompt_text + text) if body.echo else text, "finish_reason": reason,
-                      "logprobs": None}
+            piece = detokenizer(body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
+            choice = {"index": i, "text": (prompt_text + piece.text) if body.echo else piece.text,
+                      "finish_reason": piece.finish_reason, "logprobs": None}
             if body.logprobs is not None:
+                pieces = [t for t, _, _ in piece.tokens]
+                lps = [lp for _, lp, _ in piece.tokens]
+                offsets = [o for _, _, o in piece.tokens]
                 if body.echo:
                     starts = [sum(len(p) for p in prompt_pieces[:k]) for k in range(len(prompt_pieces))]
                     pieces, lps = prompt_pieces + pieces, prompt_lps + lps
@@ -197,10 +235,11 @@ def create_app(engine) -> FastAPI:
                 choice["logprobs"] = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None,
                                       "text_offset": offsets}
             choices.append(choice)
+        completion = sum(len(s.tokens) for s in samples)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": engine.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": sum(len(s.tokens) for s in samples),
-                          "total_tokens": len(ids) + sum(len(s.tokens) for s in samples)}}
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                          "total_tokens": len(ids) + completion}}
 
     return app
 
@@ -209,17 +248,28 @@ def _token_logprob(piece: str, lp: float) -> dict:
     return {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
 
 
-async def _chat_stream(rid, created, model, outs, with_logprobs: bool):
+async def _chat_stream(rid, created, model, deltas, n: int, detokenizers: list[_Detokenizer], with_logprobs: bool):
+    """Server-sent events as the engine decodes: a role chunk per choice, then a content chunk per choice whenever
+    new text is safe to send (see `_Detokenizer`), a finish chunk per choice, and [DONE]. An engine error ends the
+    stream with an error event."""
     def chunk(index, delta, reason=None, logprobs=None):
         return "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
                                       "model": model, "choices": [{"index": index, "delta": delta,
                                                                    "logprobs": logprobs,
                                                                    "finish_reason": reason}]}) + "\n\n"
 
-    for i, (_, pieces, lps, _, reason) in enumerate(outs):
+    for i in range(n):
         yield chunk(i, {"role": "assistant", "content": ""})
-        for piece, lp in zip(pieces, lps):
-            yield chunk(i, {"content": piece},
-                        logprobs={"content": [_token_logprob(piece, lp)]} if with_logprobs else None)
-        yield chunk(i, {}, reason)
+    try:
+        async for drow in deltas:
+            for i, (delta, detok) in enumerate(zip(drow, detokenizers)):
+                piece = detok.feed(delta.tokens, delta.logprobs, delta.finish_reason)
+                if piece.text or piece.tokens:
+                    yield chunk(i, {"content": piece.text}, logprobs={"content": [
+                        _token_logprob(t, lp) for t, lp, _ in piece.tokens]} if with_logprobs else None)
+                if piece.finish_reason:
+                    yield chunk(i, {}, piece.finish_reason)
+    except Exception as e:  # the response has started: report in-band
+        yield "data: " + json.dumps({"error": {"message": str(e), "type": "server_error", "code": 500}}) + "\n\n"
+        return
     yield "data: [DONE]\n\n"
