@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 import logging
 import threading
+from collections.abc import AsyncIterator
 
 import jax
 import jax.numpy as jnp
@@ -45,8 +45,12 @@ class _Request:
     def finish(self, result: list[Sample] | None = None, error: Exception | None = None) -> None:
         if self.deltas is not None:
             self.deliver(error)  # None marks the end
-        elif not self.future.done():
-            self.future.set_exception(error) if error is not None else self.future.set_result(result)
+        elif self.future.done():
+            pass
+        elif error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
 
 
 class Engine:
