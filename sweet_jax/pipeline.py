@@ -1,0 +1,334 @@
+"""SWEET-RL end to end (spec section 4): `python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py`.
+
+Stages, in order, each writing into the run directory (`run_dir`):
+
+    init      the initial policy, simulator, critic and reference: `policy_init` (an HF directory), or with none
+              given a random-init tiny Llama with the Llama-3 tokenizer (`init` settings), written to RUN/init/hf
+    data      the offline trajectories on the train tasks: collected by the policy against the simulator, both
+              served over the OpenAI API, or (`data.source = "synthetic"`) SYNTHETIC scripted collaborations
+    critic    the SWEET critic: Bradley-Terry on the ground-truth trajectory pairs, with the reference solution
+              (`sweet_jax.train`; the pairs are formed from the trajectories as in spec step 1)
+    sample    16 candidates per assistant turn of the first `data_fraction` of the trajectories (step 3)
+    rank      critic advantages on one shared-prefix cache per turn (step 4)
+    pairs     top-half vs bottom-half preference pairs, official layout (step 5)
+    policy    the SWEET actor: DPO on the ranked candidates (step 6)
+    test      the trained policy against the simulator on the test tasks, scored in the sandbox (step 7)
+
+- A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
+  stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
+  collection from its `.partial` file, sampling and ranking from theirs, training from its Orbax checkpoints.
+  So a kill at any point followed by the same command redoes nothing that had finished and loses nothing.
+- `--stage NAME` runs one stage (its inputs must exist); `--until NAME` stops after it; `--force` reruns the
+  selected stages' markers (the jobs still resume from their partial files).
+- Every stage runs as a child process (`python -m sweet_jax.<job>`) with its log in `RUN/logs/NAME.log`, so the
+  commands are the ones a user would type, and a stage's memory is freed when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from sweet_jax.cli import parse_flags, setup_logging
+
+log = logging.getLogger("sweet_jax.pipeline")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StageError(RuntimeError):
+    """A stage's job failed; the message names the stage and its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]  # run-directory paths that must exist first
+    outputs: tuple[str, ...]  # run-directory paths the stage leaves
+    run: Callable[["Run"], dict]
+
+
+class Run:
+    """One pipeline run: its config, directory and the helpers the stages share."""
+
+    def __init__(self, cfg, python: str = sys.executable):
+        self.cfg, self.python = cfg, python
+        self.dir = os.path.abspath(cfg.run_dir)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    @property
+    def policy_init(self) -> str:
+        return self.cfg.policy_init or self.path("init", "hf")
+
+    @property
+    def simulator(self) -> str:
+        return self.cfg.simulator or self.policy_init
+
+    def job(self, stage: str, module: str, *args: str) -> None:
+        """Run `python -m sweet_jax.<module> args...` to completion, appending to RUN/logs/<stage>.log."""
+        os.makedirs(self.path("logs"), exist_ok=True)
+        cmd = [self.python, "-m", f"sweet_jax.{module}", *args]
+        logfile = self.path("logs", f"{stage}.log")
+        with open(logfile, "a") as fh:
+            fh.write(f"\n$ {' '.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        if proc.returncode:
+            with open(logfile) as fh:
+                tail = fh.read()[-2000:]
+            raise StageError(f"stage '{stage}': `{' '.join(cmd[2:4])} ...` exited with {proc.returncode}; log "
+                             f"{logfile}:\n{tail}")
+
+    @contextlib.contextmanager
+    def served(self, stage: str, model: str):
+        """`sweet_jax.serve --model MODEL` on a free local port for the duration; yields its /v1 base URL."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.makedirs(self.path("logs"), exist_ok=True)
+        logfile = self.path("logs", f"{stage}.serve.log")
+        fh = open(logfile, "a")
+        proc = subprocess.Popen([self.python, "-m", "sweet_jax.serve", "--model", model, "--port", str(port),
+                                 "--max-model-len", str(self.cfg.serve.max_model_len)], cwd=ROOT, stdout=fh,
+                                stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.time() + self.cfg.serve.start_timeout_s
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2)
+                    break
+                except (urllib.error.URLError, ConnectionError):
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
+                    time.sleep(0.5)
+            yield url + "/v1"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            fh.close()
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+
+
+def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str) -> dict:
+    c = run.cfg.collect
+    with run.served(stage, agent_model) as agent, run.served(stage + "_simulator", run.simulator) as sim:
+        run.job(stage, "collect", "--config", os.path.join(ROOT, "configs", "collect_backend.py"),
+                f"--config.tasks={tasks}", f"--config.output={output}", f"--config.limit={c.limit}",
+                f"--config.rollouts={c.rollouts}", f"--config.max_steps={c.max_steps}",
+                f"--config.concurrency={c.concurrency}", f"--config.agent.base_url={agent}",
+                "--config.agent.model=" + os.path.basename(agent_model.rstrip("/")),
+                f"--config.agent.max_tokens={c.agent_max_tokens}", f"--config.simulator.base_url={sim}",
+                "--config.simulator.model=" + os.path.basename(run.simulator.rstrip("/")),
+                f"--config.simulator.max_tokens={c.simulator_max_tokens}")
+    return _rewards(output)
+
+
+def _rewards(path: str) -> dict:
+    """Backend metrics of a trajectory file: mean reward (% tests passed) and success rate (reward 1)."""
+    rewards = [json.loads(line)["reward"] for line in open(path) if line.strip()]
+    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / max(len(rewards), 1),
+            "success": sum(r >= 1.0 for r in rewards) / max(len(rewards), 1)}
+
+
+def stage_init(run: Run) -> dict:
+    if run.cfg.policy_init:
+        return {"policy_init": run.cfg.policy_init}
+    import jax
+    import ml_collections
+
+    from sweet_jax import models
+    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+
+    i = run.cfg.init
+    overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
+    cfg = models.LlamaConfig.preset("tiny", **overrides)
+    out = run.path("init", "hf")
+    models.save_hf_params(models.init_params(cfg, jax.random.key(i.seed), std=i.std), cfg, out)
+    load_tokenizer(bundled_llama3_tokenizer_dir()).save_pretrained(out)
+    return {"policy_init": out, "random_init": True, "params": sum(x.size for x in jax.tree.leaves(
+        models.abstract_params(cfg)))}
+
+
+def stage_data(run: Run) -> dict:
+    out = run.path("data", "train_trajectories.jsonl")
+    d = run.cfg.data
+    if d.source == "synthetic":
+        from sweet_jax.colbench import synthetic
+
+        import random
+
+        from sweet_jax.colbench.jsonl import write_jsonl
+
+        s = d.synthetic
+        synthetic.write_dataset(out, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
+        rng = random.Random(s.seed + 1)  # held-out tasks for the test stage
+        write_jsonl(run.path("data", "test_tasks.jsonl"),
+                    [synthetic.make_task(rng, s.num_constants) for _ in range(s.num_test_tasks)])
+        return {"source": "SYNTHETIC scripted collaborations (not ColBench)", **_rewards(out)}
+    if d.source != "collect":
+        raise StageError(f"data.source must be 'synthetic' or 'collect', got {d.source!r}")
+    return _collect(run, "data", d.train_tasks, out, run.policy_init)
+
+
+def _train(run: Run, stage: str, config: str, data: str, overrides) -> dict:
+    out = run.path(stage)
+    run.job(stage, "train", "--config", os.path.join(ROOT, config), f"--config.data.path={data}",
+            f"--config.train.output_dir={out}", f"--config.model.hf_path={run.policy_init}",
+            *[f"--config.{o}" for o in overrides])
+    with open(os.path.join(out, "metrics.json")) as fh:
+        metrics = json.load(fh)
+    return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
+
+
+def stage_critic(run: Run) -> dict:
+    return _train(run, "critic", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+                  run.cfg.critic.overrides)
+
+
+def stage_sample(run: Run) -> dict:
+    b = run.cfg.best_of_n
+    run.job("sample", "best_of_n", "sample", "--model", run.policy_init,
+            "--input", run.path("data", "train_trajectories.jsonl"), "--output", run.path("bon", "sampled.jsonl"),
+            "--data-fraction", str(b.data_fraction), "--n", str(b.n), "--temperature", str(b.temperature),
+            "--max-tokens", str(b.max_tokens), "--batch", str(b.batch))
+    return {"states": sum(1 for _ in open(run.path("bon", "sampled.jsonl")))}
+
+
+def stage_rank(run: Run) -> dict:
+    r = run.cfg.rank
+    args = ["--critic", run.path("critic", "hf"), "--input", run.path("bon", "sampled.jsonl"),
+            "--output", run.path("bon", "ranked.jsonl"), "--reference", r.reference]
+    if r.reference == "model":
+        args += ["--reference-model", run.policy_init]
+    args += ["--use-sum"] * r.use_sum + ["--no-info"] * r.no_info
+    run.job("rank", "best_of_n", "rank", *args)
+    return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
+
+
+def stage_pairs(run: Run) -> dict:
+    run.job("pairs", "best_of_n", "pairs", "--input", run.path("bon", "ranked.jsonl"),
+            "--output", run.path("bon", "pairs.jsonl"), "--num-pairs", str(run.cfg.pairs.num_pairs),
+            "--no-prompt")
+    return {"pairs": sum(1 for _ in open(run.path("bon", "pairs.jsonl")))}
+
+
+def stage_policy(run: Run) -> dict:
+    return _train(run, "policy", run.cfg.policy.config, run.path("bon", "ranked.jsonl"),
+                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+
+
+def stage_test(run: Run) -> dict:
+    tasks = run.cfg.test_tasks or run.path("data", "test_tasks.jsonl")
+    return _collect(run, "test", tasks, run.path("eval", "test_trajectories.jsonl"), run.path("policy", "hf"))
+
+
+STAGES = (
+    Stage("init", (), (), stage_init),
+    Stage("data", (), ("data/train_trajectories.jsonl",), stage_data),
+    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic),
+    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample),
+    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank),
+    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs),
+    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy),
+    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test),
+)
+NAMES = tuple(s.name for s in STAGES)
+
+
+def _marker(run: Run, stage: Stage) -> str:
+    return run.path("stages", f"{stage.name}.json")
+
+
+def _write_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def run_pipeline(cfg, *, only: str | None = None, until: str | None = None, force: bool = False,
+                 python: str = sys.executable) -> dict:
+    """Run the selected stages in order, skipping finished ones; returns {stage: marker record}."""
+    for name in (only, until):
+        if name is not None and name not in NAMES:
+            raise StageError(f"unknown stage {name!r}; the stages are {', '.join(NAMES)}")
+    run = Run(cfg, python)
+    os.makedirs(run.dir, exist_ok=True)
+    _write_json(run.path("config.json"), json.loads(cfg.to_json()))
+    selected = [s for s in STAGES if only is None or s.name == only]
+    if until is not None:
+        selected = selected[:[s.name for s in selected].index(until) + 1] if until in [s.name for s in selected] \
+            else selected
+    records = {}
+    for stage in selected:
+        marker = _marker(run, stage)
+        if os.path.exists(marker) and not force:
+            with open(marker) as fh:
+                records[stage.name] = json.load(fh)
+            log.info("stage %-7s done earlier (%s); skipped", stage.name, marker)
+            continue
+        missing = [p for p in stage.inputs if not os.path.exists(run.path(p))]
+        if missing:
+            raise StageError(f"stage '{stage.name}' needs {', '.join(run.path(p) for p in missing)}: run the earlier "
+                             f"stages first")
+        log.info("stage %-7s running", stage.name)
+        t0 = time.time()
+        summary = stage.run(run)
+        absent = [p for p in stage.outputs if not os.path.exists(run.path(p))]
+        if absent:
+            raise StageError(f"stage '{stage.name}' finished without {', '.join(absent)}")
+        records[stage.name] = {"stage": stage.name, "outputs": [run.path(p) for p in stage.outputs],
+                               "seconds": round(time.time() - t0, 1), "summary": summary}
+        _write_json(marker, records[stage.name])
+        log.info("stage %-7s finished in %.0f s: %s", stage.name, time.time() - t0, json.dumps(summary))
+    return records
+
+
+config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)
+flags.DEFINE_string("stage", None, f"run only this stage ({', '.join(NAMES)})")
+flags.DEFINE_string("until", None, "stop after this stage")
+flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    setup_logging()
+    from sweet_jax.data.trajectories import DataError
+
+    if FLAGS.config is None:
+        raise app.UsageError("--config is required, e.g. --config configs/sweet_backend_tiny.py")
+    try:
+        records = run_pipeline(FLAGS.config, only=FLAGS.stage, until=FLAGS.until, force=FLAGS.force)
+    except (StageError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({name: rec["summary"] for name, rec in records.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,81 @@
+"""`python -m sweet_jax.pipeline`: stage order, skipping of finished stages, resumption after a kill."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
+
+
+def _pipeline(run_dir, *args, timeout=1800):
+    return subprocess.run([sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG,
+                           f"--config.run_dir={run_dir}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
+    run = tmp_path / "run"
+    first = _pipeline(run, "--until", "data", "--config.data.synthetic.num_tasks=20")
+    assert first.returncode == 0, first.stderr[-3000:]
+    markers = {n: json.loads((run / "stages" / f"{n}.json").read_text()) for n in ("init", "data")}
+    assert markers["data"]["summary"]["trajectories"] == 60 and (run / "init" / "hf" / "config.json").exists()
+    data_file = run / "data" / "train_trajectories.jsonl"
+    before = data_file.stat().st_mtime_ns
+    again = _pipeline(run, "--until", "data", "--config.data.synthetic.num_tasks=20")
+    assert again.returncode == 0 and again.stderr.count("skipped") == 2
+    assert data_file.stat().st_mtime_ns == before  # nothing redone
+    assert json.loads(again.stdout.strip().splitlines()[-1])["data"] == markers["data"]["summary"]
+    missing = _pipeline(run, "--stage", "rank")
+    assert missing.returncode == 1 and "bon/sampled.jsonl" in missing.stderr and "critic/hf" in missing.stderr
+    unknown = _pipeline(run, "--stage", "ranking")
+    assert unknown.returncode == 1 and "unknown stage 'ranking'" in unknown.stderr
+
+
+SMALL = ["--config.data.synthetic.num_tasks=60", "--config.data.synthetic.num_test_tasks=4",
+         "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.collect.agent_max_tokens=16",
+         "--config.collect.simulator_max_tokens=8", "--config.collect.max_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_path):
+    """The whole tiny pipeline, killed (SIGKILL to the driver and its job) while sampling candidates, then rerun:
+    the finished stages are not redone, sampling resumes from its partial file with one record per state, and
+    every stage completes."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    partial = run / "bon" / "sampled.jsonl.partial"
+    deadline = time.time() + 1200
+    while time.time() < deadline and proc.poll() is None:
+        if partial.exists() and partial.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the pipeline ended before it could be killed mid-sampling"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run / "stages" / "sample.json").exists()
+    before = {p: (run / p).stat().st_mtime_ns for p in ("stages/critic.json", "critic/metrics.json",
+                                                        "data/train_trajectories.jsonl")}
+    kept = partial.read_text().count("\n")
+
+    done = _pipeline(run, *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {p: (run / p).stat().st_mtime_ns for p in before} == before  # nothing redone
+    assert "stage critic  done earlier" in done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    sampled = [json.loads(line) for line in open(run / "bon" / "sampled.jsonl")]
+    assert len(sampled) == summary["sample"]["states"] >= kept
+    assert len({r["input"] for r in sampled}) == len({(r["input"], r["older_output"]) for r in sampled})
+    assert all(len(r["additional_outputs"]) == 4 for r in sampled)
+    assert summary["pairs"]["pairs"] == 4 * len(sampled)
+    assert summary["test"]["trajectories"] == 4
+    for name in ("init", "data", "critic", "sample", "rank", "pairs", "policy", "test"):
+        assert (run / "stages" / f"{name}.json").exists()
