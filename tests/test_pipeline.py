@@ -71,9 +71,12 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     assert {p: (run / p).stat().st_mtime_ns for p in before} == before  # nothing redone
     assert "stage critic  done earlier" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
+    from sweet_jax.best_of_n import states_of
+
+    states = states_of(str(run / "data" / "train_trajectories.jsonl"), 0.1)
     sampled = [json.loads(line) for line in open(run / "bon" / "sampled.jsonl")]
-    assert len(sampled) == summary["sample"]["states"] >= kept
-    assert len({r["input"] for r in sampled}) == len({(r["input"], r["older_output"]) for r in sampled})
+    assert len(sampled) == len(states) == summary["sample"]["states"] and len(states) > kept
+    assert [r["input"] for r in sampled] == [s["input"] for s in states]  # one record per state, in order
     assert all(len(r["additional_outputs"]) == 4 for r in sampled)
     assert summary["pairs"]["pairs"] == 4 * len(sampled)
     assert summary["test"]["trajectories"] == 4
