@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterator
 
 import jax
@@ -93,9 +94,26 @@ def _draw(logits, keys, temperature, top_p, top_k, greedy):
         return jnp.put_along_axis(masked, order, jnp.where(keep, ranked, -jnp.inf), axis=-1, inplace=False)
 
     scaled = jax.lax.cond(jnp.any((top_p < 1.0) | (top_k > 0)), filtered, lambda x: x, scaled)
-    # the Gumbel-max draw of jax.random.categorical, with the faster argmax
-    sampled = first_argmax(scaled + jax.vmap(lambda k: jax.random.gumbel(k, scaled.shape[1:]))(keys))
-    return jnp.where(temperature > 0, sampled, greedy)
+    return jnp.where(temperature > 0, categorical(keys, scaled), greedy)
+
+
+def categorical(keys, logits):
+    """One draw per row from softmax(logits) [B, V] (entries may be -inf), with per-row keys [B]: exact, in two
+    levels. The vocabulary is cut into blocks of about sqrt(V) entries; a block is drawn with probability equal to
+    its total mass, then a token within it (Gumbel-max at both levels). That takes about 2 sqrt(V) random numbers
+    per row instead of V: over a 128k vocabulary, the per-entry Gumbel noise of `jax.random.categorical` was 80% of
+    a sampled decode step on the CPU."""
+    b, v = logits.shape
+    block = 1 << math.isqrt(v - 1).bit_length()  # a power of two >= sqrt(V)
+    nb = -(-v // block)
+    x = jnp.pad(logits, ((0, 0), (0, nb * block - v)), constant_values=-jnp.inf).reshape(b, nb, block)
+    top = jnp.max(x, axis=(1, 2), keepdims=True)
+    mass = jnp.sum(jnp.exp(x - top), axis=-1)  # [B, nb], the largest block's >= 1
+    outer, inner = jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k))(keys), 1, 0)
+    pick = first_argmax(jnp.log(mass) + jax.vmap(lambda k: jax.random.gumbel(k, (nb,)))(outer))
+    chosen = jnp.take_along_axis(x, pick[:, None, None], axis=1)[:, 0]  # [B, block]
+    j = first_argmax(chosen + jax.vmap(lambda k: jax.random.gumbel(k, (block,)))(inner))
+    return pick * block + j
 
 
 def _logits(params, cfg, hidden):

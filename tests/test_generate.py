@@ -115,6 +115,26 @@ def test_sampled_frequencies_match_the_softmax(temperature, top_k):
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+def test_two_level_categorical_draws_from_the_softmax():
+    """The blockwise draw against exact probabilities: a vocabulary that does not fill its last block, masked
+    (-inf) entries that must never come out, and mass spread over several blocks."""
+    from sweet_jax.generate import categorical
+
+    v, n = 1000, 200_000
+    logits = np.random.default_rng(0).normal(0, 2.0, v).astype(np.float32)
+    logits[::7] = -np.inf
+    keys = jax.random.split(jax.random.key(11), n)
+    draws = np.asarray(jax.jit(categorical)(keys, jnp.broadcast_to(jnp.asarray(logits), (n, v))))
+    counts = np.bincount(draws, minlength=v)
+    assert len(counts) == v and counts[::7].sum() == 0
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    p /= p.sum()
+    keep = p * n >= 5
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(p[keep] * n, p[~keep].sum() * n)
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
 def test_bad_sampling_parameters_are_refused():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
