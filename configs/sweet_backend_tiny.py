@@ -32,4 +32,6 @@ def get_config():
     c.rank = ml_collections.ConfigDict(dict(reference="sampler", use_sum=False, no_info=False))
     c.pairs = ml_collections.ConfigDict(dict(num_pairs=4))
     c.policy = ml_collections.ConfigDict(dict(config="configs/policy_tiny.py", overrides=()))
+    c.rft = ml_collections.ConfigDict(dict(config="configs/rft_tiny.py", overrides=()))
+    c.mtdpo = ml_collections.ConfigDict(dict(config="configs/mtdpo_tiny.py", overrides=()))
     return c

@@ -98,7 +98,9 @@ def sample(args) -> dict:
             results = generate(params, cfg, prompts, sp, n=args.n, seed=[args.seed + i for i in idx])
             for i, samples in zip(idx, results):
                 rec = {**states[i],
-                       "additional_outputs": [tok.decode([t for t in s.tokens if t != eot]) for s in samples],
+                       # special tokens are left out of the text, as vLLM's default skip_special_tokens does: a
+                       # stray header token would break the chat format of every later use of the candidate
+                       "additional_outputs": [tok.decode(s.tokens, skip_special_tokens=True) for s in samples],
                        "additional_reference_logprobs": [sum(s.logprobs) / max(len(s.logprobs), 1) for s in samples],
                        "additional_reference_logprobs_sum": [sum(s.logprobs) for s in samples]}
                 append_scored(out, i, rec)

@@ -13,13 +13,19 @@ Stages, in order, each writing into the run directory (`run_dir`):
     pairs     top-half vs bottom-half preference pairs, official layout (step 5)
     policy    the SWEET actor: DPO on the ranked candidates (step 6)
     test      the trained policy against the simulator on the test tasks, scored in the sandbox (step 7)
+    test_zero_shot, rft, test_rft, mtdpo, test_mtdpo
+              the baselines (spec section 5): the initial policy as it is; rejection fine-tuning on the successful
+              trajectories; multi-turn DPO on the ground-truth pairs without the information; each evaluated as
+              `test` is
+    report    `sweet_jax.report`: RUN/report/report.md with the results table and the plots
 
 - A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
   stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
   collection from its `.partial` file, sampling and ranking from theirs, training from its Orbax checkpoints.
   So a kill at any point followed by the same command redoes nothing that had finished and loses nothing.
-- `--stage NAME` runs one stage (its inputs must exist); `--until NAME` stops after it; `--force` reruns the
-  selected stages' markers (the jobs still resume from their partial files).
+- `--stage NAME` runs one stage (its inputs must exist); `--from NAME` starts at a stage and `--until NAME` stops
+  after one; `--force` reruns the selected stages even when their markers exist (the jobs still resume from their
+  partial files).
 - Every stage runs as a child process (`python -m sweet_jax.<job>`) with its log in `RUN/logs/NAME.log`, so the
   commands are the ones a user would type, and a stage's memory is freed when it ends.
 """
@@ -237,9 +243,28 @@ def stage_policy(run: Run) -> dict:
                   (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
 
-def stage_test(run: Run) -> dict:
+def _test(run: Run, stage: str, model: str) -> dict:
     tasks = run.cfg.test_tasks or run.path("data", "test_tasks.jsonl")
-    return _collect(run, "test", tasks, run.path("eval", "test_trajectories.jsonl"), run.path("policy", "hf"))
+    return _collect(run, stage, tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model)
+
+
+def stage_test(run: Run) -> dict:
+    return _test(run, "test", run.path("policy", "hf"))
+
+
+def stage_rft(run: Run) -> dict:
+    return _train(run, "rft", run.cfg.rft.config, run.path("data", "train_trajectories.jsonl"), run.cfg.rft.overrides)
+
+
+def stage_mtdpo(run: Run) -> dict:
+    return _train(run, "mtdpo", run.cfg.mtdpo.config, run.path("data", "train_trajectories.jsonl"),
+                  run.cfg.mtdpo.overrides)
+
+
+def stage_report(run: Run) -> dict:
+    from sweet_jax.report import write_report
+
+    return {"report": write_report(run.dir)}
 
 
 STAGES = (
@@ -251,6 +276,16 @@ STAGES = (
     Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs),
     Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy),
     Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test),
+    # baselines (spec section 5): the initial policy as it is, rejection fine-tuning and multi-turn DPO
+    Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
+          lambda run: _test(run, "test_zero_shot", run.policy_init)),
+    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft),
+    Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
+          lambda run: _test(run, "test_rft", run.path("rft", "hf"))),
+    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo),
+    Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
+          lambda run: _test(run, "test_mtdpo", run.path("mtdpo", "hf"))),
+    Stage("report", (), ("report/report.md",), stage_report),
 )
 NAMES = tuple(s.name for s in STAGES)
 
@@ -269,19 +304,19 @@ def _write_json(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_pipeline(cfg, *, only: str | None = None, until: str | None = None, force: bool = False,
-                 python: str = sys.executable) -> dict:
-    """Run the selected stages in order, skipping finished ones; returns {stage: marker record}."""
-    for name in (only, until):
+def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, until: str | None = None,
+                 force: bool = False, python: str = sys.executable) -> dict:
+    """Run the selected stages in order (`only` one, or `start` .. `until`), skipping finished ones unless `force`;
+    returns {stage: marker record}."""
+    for name in (only, start, until):
         if name is not None and name not in NAMES:
             raise StageError(f"unknown stage {name!r}; the stages are {', '.join(NAMES)}")
     run = Run(cfg, python)
     os.makedirs(run.dir, exist_ok=True)
     _write_json(run.path("config.json"), json.loads(cfg.to_json()))
-    selected = [s for s in STAGES if only is None or s.name == only]
-    if until is not None:
-        selected = selected[:[s.name for s in selected].index(until) + 1] if until in [s.name for s in selected] \
-            else selected
+    first = NAMES.index(only or start or NAMES[0])
+    last = NAMES.index(only or until or NAMES[-1])
+    selected = list(STAGES[first:last + 1])
     records = {}
     for stage in selected:
         marker = _marker(run, stage)
@@ -309,8 +344,10 @@ def run_pipeline(cfg, *, only: str | None = None, until: str | None = None, forc
 
 config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)
 flags.DEFINE_string("stage", None, f"run only this stage ({', '.join(NAMES)})")
+flags.DEFINE_string("from", None, "start at this stage")
 flags.DEFINE_string("until", None, "stop after this stage")
-flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished")
+flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished (e.g. --from sample --force "
+                                  "after changing the sampler; the jobs still resume from their partial files)")
 FLAGS = flags.FLAGS
 
 
@@ -322,7 +359,8 @@ def main(argv):
     if FLAGS.config is None:
         raise app.UsageError("--config is required, e.g. --config configs/sweet_backend_tiny.py")
     try:
-        records = run_pipeline(FLAGS.config, only=FLAGS.stage, until=FLAGS.until, force=FLAGS.force)
+        records = run_pipeline(FLAGS.config, only=FLAGS.stage, start=FLAGS["from"].value, until=FLAGS.until,
+                               force=FLAGS.force)
     except (StageError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

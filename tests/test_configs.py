@@ -31,6 +31,9 @@ def test_all_configs_load():
         c = _load(n)
         if n.startswith("collect_"):  # rollout collection jobs (sweet_jax.collect), not training jobs
             assert c.task_type == n[len("collect_"):] and c.agent.temperature == 1.0 and c.max_steps == 10
+        elif n.startswith("sweet_"):  # pipelines (sweet_jax.pipeline): their training stages name job configs
+            for stage in ("critic", "policy", "rft", "mtdpo"):
+                assert _load(os.path.basename(c[stage].config)[:-3]).objective in ("critic", "dpo", "sft")
         else:
             assert c.objective in ("critic", "dpo", "sft")
 

@@ -29,6 +29,9 @@ def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
     assert again.returncode == 0 and again.stderr.count("skipped") == 2
     assert data_file.stat().st_mtime_ns == before  # nothing redone
     assert json.loads(again.stdout.strip().splitlines()[-1])["data"] == markers["data"]["summary"]
+    forced = _pipeline(run, "--from", "data", "--until", "data", "--force", "--config.data.synthetic.num_tasks=20")
+    assert forced.returncode == 0 and "stage data    running" in forced.stderr and "init" not in forced.stderr
+    assert data_file.stat().st_mtime_ns != before
     missing = _pipeline(run, "--stage", "rank")
     assert missing.returncode == 1 and "bon/sampled.jsonl" in missing.stderr and "critic/hf" in missing.stderr
     unknown = _pipeline(run, "--stage", "ranking")
@@ -50,7 +53,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
 
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd + ["--until", "test"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     partial = run / "bon" / "sampled.jsonl.partial"
     deadline = time.time() + 1200
@@ -66,7 +69,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
                                                         "data/train_trajectories.jsonl")}
     kept = partial.read_text().count("\n")
 
-    done = _pipeline(run, *SMALL)
+    done = _pipeline(run, *SMALL, "--until", "test")
     assert done.returncode == 0, done.stderr[-3000:]
     assert {p: (run / p).stat().st_mtime_ns for p in before} == before  # nothing redone
     assert "stage critic  done earlier" in done.stderr

@@ -76,7 +76,8 @@ class _Piece:
 class _Detokenizer:
     """One sample's tokens -> text, as they arrive, with stop strings applied.
 
-    - The final stop token (EOT / EOS) is not part of the text.
+    - The final stop token (EOT / EOS) is not part of the text, nor is any other special token (vLLM's default
+      skip_special_tokens): a header token inside a reply would break the chat format of the conversation.
     - A stop string cuts the text before its first occurrence (finish_reason "stop"); the tokens are cut with it.
     - While a sample runs, the text that could still turn into a stop string, and an incomplete UTF-8 character,
       are held back, so streamed text never has to be taken back.
@@ -98,13 +99,13 @@ class _Detokenizer:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
         for t, lp in zip(tokens, logprobs):
             self.pending.append(t)
-            tail = self.tok.decode(self.pending)
+            tail = self.tok.decode(self.pending, skip_special_tokens=True)
             self.ends.append(self.settled_len + len(tail))
             self.lps.append(lp)
             if not tail.endswith("\ufffd"):  # a character boundary: settle
                 self.settled += tail
                 self.settled_len, self.pending = len(self.settled), []
-        text = self.settled + (self.tok.decode(self.pending) if self.pending else "")
+        text = self.settled + (self.tok.decode(self.pending, skip_special_tokens=True) if self.pending else "")
         cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
         reason = None
         if cut >= 0:

@@ -272,6 +272,14 @@ def run(cfg) -> dict:
     if cfg.train.tensorboard and leader:
         from tensorboardX import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
+    # Every logged train and held-out point, one JSON object per line, for `sweet_jax.report` and for scripts. After
+    # a resume, steps past the restored checkpoint are logged again: readers keep the last line per (split, step).
+    log_lines = open(os.path.join(run_dir, "log.jsonl"), "a") if leader else None
+
+    def log_line(split: str, step: int, values: dict) -> None:
+        if log_lines:
+            log_lines.write(json.dumps({"split": split, "step": step, **values}) + "\n")
+            log_lines.flush()
 
     def batch_at(step: int):
         epoch, i = divmod(step, steps_per_epoch)
@@ -304,6 +312,7 @@ def run(cfg) -> dict:
             bar.set_postfix({k: f"{m[k]:.4f}" for k in ("loss", "accuracy") if k in m})
             if bar.disable and leader:  # no terminal: keep a plain log line instead of the bar
                 log.info("step %d/%d %s", done, total_steps, " ".join(f"{k}={v:.4g}" for k, v in m.items()))
+            log_line("train", done, m)
             if writer:
                 for k, v in m.items():
                     writer.add_scalar(f"train/{k}", v, done)
@@ -311,6 +320,7 @@ def run(cfg) -> dict:
             e = held_out_metrics(state["params"])
             history.append({"step": done, **e})
             log.info("step %d held-out %s", done, {k: round(v, 4) for k, v in e.items()})
+            log_line("eval", done, e)
             if writer:
                 for k, v in e.items():
                     writer.add_scalar(f"eval/{k}", v, done)
@@ -321,6 +331,9 @@ def run(cfg) -> dict:
 
     final = held_out_metrics(state["params"])
     log.info("final held-out metrics: %s", {k: round(v, 4) for k, v in final.items()})
+    log_line("eval", total_steps, final)
+    if log_lines:
+        log_lines.close()
     if writer:
         for k, v in final.items():
             writer.add_scalar(f"eval/{k}", v, total_steps)

@@ -1,0 +1,188 @@
+"""A pipeline run's report: `python -m sweet_jax.report RUN_DIR [--output DIR]` writes Markdown plus PNG plots.
+
+- `report.md`: what ran (stages, times, data source), the results table in the layout of the paper's Table 2 (one
+  row per evaluated method: % tests passed and success rate on the test tasks, with 95% Wilson intervals for the
+  success rate), and the training stages' final held-out metrics.
+- `training_curves.png`: per training stage, the train loss and the held-out accuracy against the step (from each
+  stage's `log.jsonl`; after a resume the last line per step counts).
+- `best_of_n.png`: the best-of-N curve of the paper's Figure 3a, when the run has a best-of-N evaluation
+  (`eval/best_of_n.json`: {method: {N: success}}).
+
+The output goes to RUN_DIR/report by default, written atomically file by file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+# The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
+METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
+           "test": "SWEET-RL"}
+TRAINING = ("critic", "policy", "rft", "mtdpo")
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def read_log(path: str) -> dict[str, list[dict]]:
+    """{split: points sorted by step}, the last line winning for a repeated (split, step)."""
+    points: dict[tuple[str, int], dict] = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                rec = json.loads(line)
+                points[(rec["split"], rec["step"])] = rec
+    out: dict[str, list[dict]] = {}
+    for (split, _), rec in sorted(points.items(), key=lambda kv: kv[0][1]):
+        out.setdefault(split, []).append(rec)
+    return out
+
+
+def _markers(run_dir: str) -> dict[str, dict]:
+    d = os.path.join(run_dir, "stages")
+    out = {}
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(d, name)) as fh:
+                out[name[:-5]] = json.load(fh)
+    return out
+
+
+def _save(fig, path: str) -> None:
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def training_curves(run_dir: str, out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in TRAINING if os.path.exists(os.path.join(run_dir, s, "log.jsonl"))]
+    if not stages:
+        return []
+    fig, axes = plt.subplots(len(stages), 2, figsize=(10, 3.2 * len(stages)), squeeze=False)
+    for row, stage in zip(axes, stages):
+        log = read_log(os.path.join(run_dir, stage, "log.jsonl"))
+        for ax, metric in zip(row, ("loss", "accuracy")):
+            for split, style in (("train", "-"), ("eval", "o-")):
+                pts = [p for p in log.get(split, []) if metric in p]
+                if pts:
+                    ax.plot([p["step"] for p in pts], [p[metric] for p in pts], style,
+                            label="held-out" if split == "eval" else "train")
+            ax.set_title(f"{stage}: {metric}")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    path = os.path.join(out, "training_curves.png")
+    _save(fig, path)
+    plt.close(fig)
+    return [path]
+
+
+def best_of_n_curve(run_dir: str, out: str) -> list[str]:
+    src = os.path.join(run_dir, "eval", "best_of_n.json")
+    if not os.path.exists(src):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(src) as fh:
+        curves = json.load(fh)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, points in curves.items():
+        ns = sorted(points, key=int)
+        ax.plot([int(n) for n in ns], [100 * points[n] for n in ns], "o-", label=method)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(n) for points in curves.values() for n in points})
+    ax.set_xticks(ticks, [str(n) for n in ticks])
+    ax.set_xlabel("N (candidates per turn)")
+    ax.set_ylabel("success rate (%)")
+    ax.set_title("best-of-N selection")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = os.path.join(out, "best_of_n.png")
+    _save(fig, path)
+    plt.close(fig)
+    return [path]
+
+
+def write_report(run_dir: str, out: str | None = None) -> str:
+    run_dir = os.path.abspath(run_dir)
+    markers = _markers(run_dir)
+    if not markers:
+        raise FileNotFoundError(f"{run_dir}: no finished pipeline stages (stages/*.json)")
+    out = out or os.path.join(run_dir, "report")
+    os.makedirs(out, exist_ok=True)
+    plots = training_curves(run_dir, out) + best_of_n_curve(run_dir, out)
+
+    lines = [f"# SWEET-RL run report: `{run_dir}`", ""]
+    data = markers.get("data", {}).get("summary", {})
+    if "SYNTHETIC" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
+                  "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
+                  "benchmark.", ""]
+    lines += ["## Results on the test tasks", "",
+              "| method | % tests passed | success rate | 95% CI (success) | trajectories |", "|---|---|---|---|---|"]
+    evaluated = [(stage, name) for stage, name in METHODS.items() if stage in markers]
+    for stage, name in evaluated:
+        s = markers[stage]["summary"]
+        n, k = s["trajectories"], round(s["success"] * s["trajectories"])
+        lo, hi = wilson(k, n)
+        lines.append(f"| {name} | {100 * s['tests_passed']:.1f} | {100 * s['success']:.1f} | "
+                     f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |")
+    if not evaluated:
+        lines.append("| (no evaluation stage has finished) | | | | |")
+    lines += ["", "## Training", "", "| stage | steps | held-out accuracy | held-out loss | seconds |",
+              "|---|---|---|---|---|"]
+    for stage in TRAINING:
+        if stage in markers and "held_out" in markers[stage]["summary"]:
+            s = markers[stage]["summary"]
+            lines.append(f"| {stage} | {s['steps']} | {s['held_out'].get('accuracy', float('nan')):.3f} | "
+                         f"{s['held_out'].get('loss', float('nan')):.4f} | {s['seconds']} |")
+    lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    if not any(p.endswith("best_of_n.png") for p in plots):
+        lines += ["", "No best-of-N evaluation in this run (`eval/best_of_n.json`), so no Figure 3a curve."]
+    lines += ["", "## Stages", "", "| stage | seconds | summary |", "|---|---|---|"]
+    for name, rec in markers.items():
+        summary = json.dumps(rec.get("summary", {}))
+        lines.append(f"| {name} | {rec.get('seconds', '')} | `{summary[:160]}{'...' if len(summary) > 160 else ''}` |")
+    path = os.path.join(out, "report.md")
+    with open(path + ".tmp", "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir")
+    p.add_argument("--output", default=None, help="default: RUN_DIR/report")
+    args = p.parse_args(argv)
+    try:
+        path = write_report(args.run_dir, args.output)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`python -m sweet_jax.report`: the Markdown table, the plots, and the log reading, on a hand-made run directory."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sweet_jax import report
+
+
+def test_wilson_interval_matches_hand_computed_values():
+    # p = 0.5, n = 10, z = 1.96: centre 0.5, half-width 1.96 * sqrt(0.025 + 0.0096) / 1.384 = 0.2634
+    assert report.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert report.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert report.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_log_keeps_the_last_line_per_step(tmp_path):
+    path = tmp_path / "log.jsonl"
+    lines = [{"split": "train", "step": 5, "loss": 1.0}, {"split": "train", "step": 10, "loss": 0.9},
+             {"split": "train", "step": 10, "loss": 0.8},  # logged again after a resume
+             {"split": "eval", "step": 10, "accuracy": 0.6}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    log = report.read_log(str(path))
+    assert [p["loss"] for p in log["train"]] == [1.0, 0.8] and log["eval"][0]["accuracy"] == 0.6
+
+
+def _marker(run, name, summary, seconds=1.0):
+    (run / "stages").mkdir(parents=True, exist_ok=True)
+    (run / "stages" / f"{name}.json").write_text(json.dumps({"stage": name, "seconds": seconds,
+                                                             "summary": summary}))
+
+
+def test_report_writes_the_table_and_readable_plots(tmp_path):
+    run = tmp_path / "run"
+    _marker(run, "data", {"source": "SYNTHETIC scripted collaborations (not ColBench)", "trajectories": 60})
+    _marker(run, "critic", {"held_out": {"accuracy": 0.9, "loss": 0.3}, "steps": 40, "seconds": 12.0})
+    _marker(run, "test", {"trajectories": 20, "tests_passed": 0.55, "success": 0.5})
+    _marker(run, "test_zero_shot", {"trajectories": 20, "tests_passed": 0.1, "success": 0.05})
+    (run / "critic").mkdir()
+    (run / "critic" / "log.jsonl").write_text("".join(
+        json.dumps({"split": "train", "step": s, "loss": 1 / s, "accuracy": 1 - 1 / s}) + "\n" for s in range(1, 41))
+        + json.dumps({"split": "eval", "step": 40, "loss": 0.3, "accuracy": 0.9}) + "\n")
+    (run / "eval").mkdir()
+    (run / "eval" / "best_of_n.json").write_text(json.dumps({"SWEET critic": {"1": 0.1, "4": 0.3, "16": 0.5},
+                                                             "random": {"1": 0.1, "4": 0.1, "16": 0.12}}))
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(run)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    md = (run / "report" / "report.md").read_text()
+    assert "SYNTHETIC data, not ColBench" in md
+    rows = [line for line in md.splitlines() if line.startswith("| Zero-shot") or line.startswith("| SWEET-RL")]
+    assert rows == ["| Zero-shot | 10.0 | 5.0 | 0.9-23.6 | 20 |", "| SWEET-RL | 55.0 | 50.0 | 29.9-70.1 | 20 |"]
+    assert "| critic | 40 | 0.900 | 0.3000 | 12.0 |" in md
+    for name in ("training_curves.png", "best_of_n.png"):
+        img = np.asarray(Image.open(run / "report" / name).convert("L"), np.float32)
+        assert img.shape[0] > 300 and img.shape[1] > 500 and img.std() > 10  # drawn, not blank
+        assert f"![{name}]({name})" in md
+
+
+def test_report_of_an_empty_directory_is_a_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "no finished pipeline stages" in proc.stderr
