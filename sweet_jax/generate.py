@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.data.batching import bucket_length, default_buckets
+from sweet_jax.data.batching import bucket_length, round_up
 from sweet_jax.models import llama
 from sweet_jax.models.config import LlamaConfig
 
@@ -187,8 +187,8 @@ def generate_stream(params, cfg: LlamaConfig, prompts: list[list[int]],
     if any(set(s.stop_tokens) != set(settings[0].stop_tokens) for s in settings):
         raise ValueError("prompts batched together must share their stop tokens")
     longest, most = max(len(p) for p in prompts), max(s.max_tokens for s in settings)
-    p_len = bucket_length(longest, prompt_buckets or default_buckets(max(longest, 16), 16))
-    max_new = bucket_length(most, new_buckets or default_buckets(max(most, 16), 16))
+    p_len = bucket_length(longest, prompt_buckets) if prompt_buckets else round_up(longest)
+    max_new = bucket_length(most, new_buckets) if new_buckets else round_up(most)
     tokens = np.zeros((len(prompts), p_len), np.int32)
     pad = np.zeros(len(prompts), np.int32)
     for i, ids in enumerate(prompts):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.data.batching import bucket_length, default_buckets
+from sweet_jax.data.batching import round_up
 from sweet_jax.models import llama
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.objectives.logprobs import logprobs_from_hidden
@@ -46,8 +46,7 @@ def continuation_logprobs(params, cfg: LlamaConfig, prefix: list[int], continuat
     inference layout (`llama.unstack_layers`, once); stacked params are unstacked for the call, a copy."""
     if not prefix or not continuations or any(len(c) == 0 for c in continuations):
         raise ValueError("a non-empty prefix and non-empty continuations are needed")
-    p = bucket_length(len(prefix), default_buckets(max(len(prefix), 16), 16))
-    c = bucket_length(max(map(len, continuations)), default_buckets(max(max(map(len, continuations)), 16), 16))
+    p, c = round_up(len(prefix)), round_up(max(map(len, continuations)))
     n = 1 << (len(continuations) - 1).bit_length()
     prefix_arr = np.zeros(p, np.int32)
     prefix_arr[:len(prefix)] = prefix

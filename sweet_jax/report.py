@@ -52,10 +52,10 @@ def read_log(path: str) -> dict[str, list[dict]]:
 def _markers(run_dir: str) -> dict[str, dict]:
     d = os.path.join(run_dir, "stages")
     out = {}
-    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-        if name.endswith(".json"):
-            with open(os.path.join(d, name)) as fh:
-                out[name[:-5]] = json.load(fh)
+    names = [n for n in os.listdir(d) if n.endswith(".json")] if os.path.isdir(d) else []
+    for name in sorted(names, key=lambda n: os.path.getmtime(os.path.join(d, n))):  # in the order they finished
+        with open(os.path.join(d, name)) as fh:
+            out[name[:-5]] = json.load(fh)
     return out
 
 
@@ -78,11 +78,24 @@ def training_curves(run_dir: str, out: str) -> list[str]:
     for row, stage in zip(axes, stages):
         log = read_log(os.path.join(run_dir, stage, "log.jsonl"))
         for ax, metric in zip(row, ("loss", "accuracy")):
-            for split, style in (("train", "-"), ("eval", "o-")):
-                pts = [p for p in log.get(split, []) if metric in p]
-                if pts:
-                    ax.plot([p["step"] for p in pts], [p[metric] for p in pts], style,
-                            label="held-out" if split == "eval" else "train")
+            train = [p for p in log.get("train", []) if metric in p]
+            held = [p for p in log.get("eval", []) if metric in p]
+            if not train and not held:
+                ax.text(0.5, 0.5, f"no {metric} for this objective", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
+            if train:
+                steps, values = [p["step"] for p in train], [p[metric] for p in train]
+                ax.plot(steps, values, "-", color="tab:blue", alpha=0.35, lw=1, label="train")
+                w = max(3, len(values) // 10)  # a running mean over a tenth of the points, at least 3
+                if len(values) > w:
+                    smooth = [sum(values[max(0, i - w + 1):i + 1]) / len(values[max(0, i - w + 1):i + 1])
+                              for i in range(len(values))]
+                    ax.plot(steps, smooth, "-", color="tab:blue", lw=2, label=f"train, running mean of {w}")
+            if held:
+                ax.plot([p["step"] for p in held], [p[metric] for p in held], "o-", color="tab:orange",
+                        label="held-out")
             ax.set_title(f"{stage}: {metric}")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)

@@ -9,7 +9,7 @@ import pytest
 from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer, render_text
 from sweet_jax.colbench import synthetic
 from sweet_jax.data import pairs
-from sweet_jax.data.batching import bucket_length, collate, default_buckets
+from sweet_jax.data.batching import bucket_length, collate, default_buckets, round_up
 from sweet_jax.data.examples import INFO_TEMPLATE, ExampleBuilder
 from sweet_jax.data.trajectories import DataError, ReadStats, read_trajectories, validate_record
 
@@ -198,6 +198,7 @@ def test_ranked_pairs_take_upper_half_vs_lower_half():
 
 # ----------------------------------------------------------------------------------- batching
 def test_buckets_and_collate(tok):
+    assert [round_up(n) for n in (1, 16, 17, 24, 25, 33, 300, 385, 1025)] == [16, 16, 24, 24, 32, 48, 384, 512, 1536]
     assert default_buckets(1000, 128) == (128, 192, 256, 384, 512, 768, 1000)
     assert default_buckets(512, 32) == (32, 48, 64, 96, 128, 192, 256, 384, 512)
     assert bucket_length(129, (128, 256)) == 256

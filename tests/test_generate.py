@@ -135,6 +135,19 @@ def test_two_level_categorical_draws_from_the_softmax():
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+def test_prompts_of_nearby_lengths_share_one_compiled_shape(params):
+    """Lengths round up to open-ended buckets (16 x {1, 1.5} x 2^k): a server meeting prompts of every length
+    compiles O(log n) programs, not one per length (the earlier buckets ended at the longest prompt itself)."""
+    from sweet_jax.generate import _decode, _prefill
+
+    sp = SamplingParams(temperature=0.0, max_tokens=5)
+    generate(params, CFG, [list(range(1, 200))], sp)
+    sizes = _prefill._cache_size(), _decode._cache_size()
+    for length in (193, 230, 256):
+        generate(params, CFG, [list(range(1, length + 1))], sp)
+    assert (_prefill._cache_size(), _decode._cache_size()) == sizes
+
+
 def test_bad_sampling_parameters_are_refused():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)

@@ -19,6 +19,17 @@ def default_buckets(max_len: int, smallest: int = 128) -> tuple[int, ...]:
     return tuple(out) + (max_len,)
 
 
+def round_up(n: int, smallest: int = 16) -> int:
+    """The smallest of `smallest` x {1, 1.5} x 2^k that holds n: the open-ended buckets of inference shapes (at most a
+    third is padding, and a server meets O(log n) distinct shapes, each compiled once)."""
+    b = smallest
+    while True:
+        for size in (b, b * 3 // 2):
+            if n <= size:
+                return size
+        b *= 2
+
+
 def bucket_length(n: int, buckets: Sequence[int]) -> int:
     for b in sorted(buckets):
         if n <= b:

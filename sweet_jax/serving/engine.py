@@ -159,9 +159,9 @@ class Engine:
         """[None, log p(ids[1] | ids[:1]), ...] (the first token has no prediction)."""
         if len(ids) > self.max_model_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) exceeds the maximum context of {self.max_model_len}")
-        from sweet_jax.data.batching import bucket_length, default_buckets
+        from sweet_jax.data.batching import round_up
 
-        length = bucket_length(len(ids), default_buckets(max(len(ids), 16), 16))
+        length = round_up(len(ids))
         tokens = np.zeros((1, length), np.int32)
         tokens[0, :len(ids)] = ids
         seg = np.zeros((1, length), np.int32)
