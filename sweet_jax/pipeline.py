@@ -54,6 +54,18 @@ log = logging.getLogger("sweet_jax.pipeline")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _die_with_parent() -> None:
+    """In a child process (Linux): be sent SIGTERM when the driver dies, even by SIGKILL, so no server or job
+    outlives a killed pipeline."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class StageError(RuntimeError):
     """A stage's job failed; the message names the stage and its log."""
 
@@ -92,7 +104,7 @@ class Run:
         with open(logfile, "a") as fh:
             fh.write(f"\n$ {' '.join(cmd)}\n")
             fh.flush()
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         if proc.returncode:
             with open(logfile) as fh:
                 tail = fh.read()[-2000:]
@@ -110,7 +122,7 @@ class Run:
         fh = open(logfile, "a")
         proc = subprocess.Popen([self.python, "-m", "sweet_jax.serve", "--model", model, "--port", str(port),
                                  "--max-model-len", str(self.cfg.serve.max_model_len)], cwd=ROOT, stdout=fh,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.time() + self.cfg.serve.start_timeout_s
