@@ -105,6 +105,34 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
     return c
 
 
+def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
+    """What the toy-scale baselines share (configs/*_tiny.py): the random-init tiny Llama of configs/critic_tiny.py
+    with the Llama-3 vocabulary, SYNTHETIC compact data over 4 constants, batch 8, one epoch, f32, a learning rate
+    for a 64-wide model. Runs for a few minutes on a laptop CPU."""
+    c = base_config()
+    c.objective = objective
+    c.model.preset = "tiny"
+    c.model.preset_overrides = ml_collections.ConfigDict(dict(hidden_size=64, intermediate_size=176, num_layers=2,
+                                                              num_heads=4, num_kv_heads=2, tie_word_embeddings=True))
+    c.model.init_std = 0.1
+    c.data.max_len = 512
+    c.data.synthetic.num_tasks = 400
+    c.data.synthetic.num_constants = 4
+    c.data.synthetic.compact = True
+    c.data.eval_fraction = 0.1
+    c.optim.lr = 1e-3
+    c.optim.batch_size = 8
+    c.optim.micro_batch_size = 8
+    c.train.epochs = 1
+    c.train.output_dir = f"runs/{name}"
+    c.train.log_every = 5
+    c.train.checkpoint_every = 50
+    c.train.eval_batch_size = 32
+    c.train.logprob_chunk = 128
+    c.train.export_dtype = "float32"
+    return c
+
+
 def derived_from(config_file: str, sibling: str) -> ml_collections.ConfigDict:
     """Load `get_config()` of another config file in the same directory (e.g. a 70B variant of an 8B recipe)."""
     import importlib.util
