@@ -106,9 +106,9 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
 
 
 def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
-    """What the toy-scale baselines share (configs/*_tiny.py): the random-init tiny Llama of configs/critic_tiny.py
-    with the Llama-3 vocabulary, SYNTHETIC compact data over 4 constants, batch 8, one epoch, f32, a learning rate
-    for a 64-wide model. Runs for a few minutes on a laptop CPU."""
+    """What the toy-scale jobs share (configs/critic_tiny.py, rft_tiny.py, mtdpo_tiny.py): a random-init tiny Llama
+    (64 wide, 2 layers, tied embeddings, init std 0.1) with the Llama-3 vocabulary, SYNTHETIC compact data over 4
+    constants, batch 8, one epoch, f32, a learning rate for a 64-wide model. A few minutes on a laptop CPU."""
     c = base_config()
     c.objective = objective
     c.model.preset = "tiny"
