@@ -1,9 +1,16 @@
-"""SWEET-RL end to end at toy scale on the CPU: `python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py`.
+"""SWEET-RL end to end at toy scale on the CPU, and the science check of issue 7:
+`python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py`.
 
-SYNTHETIC data, not ColBench: the offline trajectories are scripted collaborations in which only the hidden reference
-code holds the constant the function needs (`sweet_jax.colbench.synthetic`). The initial model is a random-init
-tiny Llama with the Llama-3 tokenizer; it is the policy, the simulator, and the starting point of the critic and of
-the actor. The critic and actor settings are those of configs/critic_tiny.py and configs/policy_tiny.py.
+SYNTHETIC tasks, not ColBench: the "ask" domain (`sweet_jax.colbench.synthetic`). Each task wants
+`def solve(x): return x <op> C`; the request names the operation, and only the simulated human knows C, which it
+tells when asked "Which number should it use?". A vague question gets "I do not know.", and an agent that answers at
+once must guess. So whether an episode succeeds is decided by its first turn: a credit-assignment problem.
+
+A random-init tiny Llama (Llama-3 tokenizer) is first pre-trained on scripted dialogues of the domain
+(configs/pretrain_ask_tiny.py). It then plays both parts, agent and simulator, served by `sweet_jax.serve`, through
+the real ColBench backend episode and sandboxed scoring: it collects the offline data, and it is the starting point of
+the critics, of the SWEET actor and of the baselines. Critic and actor settings are those of configs/critic_tiny.py
+and configs/policy_tiny.py with the overrides below.
 """
 
 import ml_collections
@@ -12,26 +19,49 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.run_dir = "runs/sweet_backend_tiny"
-    c.policy_init = ""  # an HF directory; empty: the init stage writes a random tiny Llama
+    c.policy_init = ""  # an HF directory; empty: the pre-trained tiny Llama (or the random init, with no pretrain)
     c.simulator = ""  # an HF directory served as the simulated human; empty: the initial policy model
     c.init = ml_collections.ConfigDict(dict(
         seed=0, std=0.1, overrides=dict(hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
-                                        num_kv_heads=2, tie_word_embeddings=True)))
+                                        num_kv_heads=2, tie_word_embeddings=False),
+        # the untied LM head starts as the transposed embedding: copying the constant from the hidden code (the
+        # simulator) or from the reply (the agent) is then learned within a few hundred steps; from an independent
+        # random head it was not learned at all in this budget
+        head_from_embed=True))
+    # The SYNTHETIC ask domain: train and held-out test tasks, and the pre-training dialogues. kind "": none (give
+    # data.train_tasks and test_tasks instead).
+    c.tasks = ml_collections.ConfigDict(dict(kind="ask", num_train=400, num_test=50, num_constants=4, p_good=1 / 3,
+                                             p_vague=1 / 3, seed=0))
+    c.pretrain = ml_collections.ConfigDict(dict(config="configs/pretrain_ask_tiny.py", overrides=()))
     c.data = ml_collections.ConfigDict()
-    c.data.source = "synthetic"  # synthetic | collect (the policy against the simulator on data.train_tasks)
-    c.data.train_tasks = ""
+    # collect: the initial policy against the simulator on the train tasks; synthetic: scripted trajectories of the
+    # older constant-only domain, with no collection (fast smoke runs)
+    c.data.source = "collect"
+    c.data.train_tasks = ""  # empty: the generated tasks
     c.data.synthetic = ml_collections.ConfigDict(dict(num_tasks=400, rollouts=3, p_correct=0.5, seed=0,
                                                       num_constants=4, compact=True, num_test_tasks=20))
-    c.test_tasks = ""  # empty: the synthetic held-out tasks written by the data stage
-    c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=1, max_steps=3, concurrency=16,
-                                               agent_max_tokens=48, simulator_max_tokens=32))
+    c.test_tasks = ""  # empty: the generated held-out tasks
+    c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=3, max_steps=3, concurrency=32,
+                                               agent_max_tokens=32, simulator_max_tokens=16))
+    c.test = ml_collections.ConfigDict(dict(rollouts=4))
     c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, start_timeout_s=300))
     # overrides: "key=value" strings passed on as --config.key=value
-    c.critic = ml_collections.ConfigDict(dict(config="configs/critic_tiny.py", overrides=("train.epochs=2",)))
+    # Every fine-tuning stage keeps the tiny model's 128k x 64 input embedding and LM head fixed (toy-scale setting:
+    # with them trainable the critic memorised its 350 pairs, held-out accuracy 0.53).
+    frozen = "optim.freeze=embed,lm_head"
+    c.critic = ml_collections.ConfigDict(dict(config="configs/critic_tiny.py", overrides=(
+        "data.score_span=assistant", "train.epochs=2", "train.eval_every=20", frozen)))
+    c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,16", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=32, batch=8))
-    c.rank = ml_collections.ConfigDict(dict(reference="sampler", use_sum=False, no_info=False))
+    # no_header: the judge scores the candidate alone, not the turn's 4 assistant-header tokens with it. Pre-training
+    # never trained the tiny model on header tokens, so their log-probs are near ln(1/128k) and dominate the mean of a
+    # short candidate: with them the critic ranked any immediate answer above the question that earns the constant.
+    c.rank = ml_collections.ConfigDict(dict(reference="sampler", use_sum=False, no_info=False, no_header=True))
     c.pairs = ml_collections.ConfigDict(dict(num_pairs=4))
-    c.policy = ml_collections.ConfigDict(dict(config="configs/policy_tiny.py", overrides=()))
-    c.rft = ml_collections.ConfigDict(dict(config="configs/rft_tiny.py", overrides=()))
-    c.mtdpo = ml_collections.ConfigDict(dict(config="configs/mtdpo_tiny.py", overrides=()))
+    # Both DPO methods (the SWEET actor, multi-turn DPO) with NLL weight 1.0 instead of the recipe's 0.01: at 0.01
+    # the tiny actor's DPO drove chosen and rejected log-probs down together and it wrote garbage (0/200 on test).
+    nll = "loss.nll_coef=1.0"
+    c.policy = ml_collections.ConfigDict(dict(config="configs/policy_tiny.py", overrides=(frozen, nll)))
+    c.rft = ml_collections.ConfigDict(dict(config="configs/rft_tiny.py", overrides=(frozen,)))
+    c.mtdpo = ml_collections.ConfigDict(dict(config="configs/mtdpo_tiny.py", overrides=(frozen, nll)))
     return c

@@ -5,6 +5,8 @@ critic, draw preference pairs. The files use the official intermediate layouts (
     python -m sweet_jax.best_of_n rank --critic CRITIC --input SAMPLED.jsonl --output RANKED.jsonl \\
         [--reference sampler|model] [--reference-model REF] [--no-info] [--use-sum] [--no-header]
     python -m sweet_jax.best_of_n pairs --input RANKED.jsonl --output PAIRS.jsonl [--num-pairs 4] [--no-prompt]
+    python -m sweet_jax.best_of_n evaluate --policy POLICY --simulator SIM --tasks TEST_TASKS.jsonl \
+        --output BEST_OF_N.json --judge sweet=CRITIC [--judge no_info=CRITIC2:no-info] [--ns 1,2,4,8,16]
 
 - sample: the first `data_fraction` of the trajectory lines (not shuffled), every assistant turn one state. For each,
   n = 16 candidates at temperature 1.0, up to 1024 tokens, stopping at <|eot_id|>. Stored with the mean and the sum
@@ -20,6 +22,8 @@ critic, draw preference pairs. The files use the official intermediate layouts (
   ablation).
 - pairs: per state, `num_pairs` random draws of one candidate from the top half and one from the bottom half of the
   judge ranking (seed 42); strings as the official script writes them.
+- evaluate: best-of-N selection on held-out tasks with a fixed policy (the paper's Figure 3a), for each critic given
+  and for random choice; see `evaluate`.
 
 sample and rank append finished records to OUT.partial and resume from it after a kill; OUT appears atomically.
 """
@@ -130,59 +134,245 @@ def _read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
     return records
 
 
+class Judge:
+    """Scores a state's candidates with a critic (spec step 4): judge = critic mean - reference mean over the turn's
+    assistant header and the candidate, after the ground-truth prefix (none with `no_info`). `reference_model`: a
+    frozen reference critic (the paper's Eq. 3); None: the sampler's stored log-probs (the official code's).
+    `use_sum` compares sums instead of means. One KV cache of the state's history serves all its candidates."""
+
+    def __init__(self, critic: str, *, no_info: bool = False, use_sum: bool = False, no_header: bool = False,
+                 reference_model: str | None = None, tokenizer: str | None = None, dtype: str = "float32"):
+        from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+        from sweet_jax.checkpoint import load_model
+        from sweet_jax.data.trajectories import DataError
+        from sweet_jax.models.llama import unstack_layers
+
+        self.cfg, critic_params, tok_dir = load_model(critic, dtype)
+        self.critic = unstack_layers(critic_params)  # the inference layout, once
+        self.ref = None
+        if reference_model:
+            ref_cfg, ref, _ = load_model(reference_model, dtype)
+            if ref_cfg.vocab_size != self.cfg.vocab_size:
+                raise DataError("the reference model's vocabulary differs from the critic's")
+            self.ref = unstack_layers(ref)
+        self.tok = load_tokenizer(tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
+        self.header = self.tok.encode(HEADER, add_special_tokens=False)
+        self.no_info, self.use_sum, self.no_header = no_info, use_sum, no_header
+
+    def __call__(self, prompt: str, ground_truth: str, candidates: list[str], sampler_mean: list[float],
+                 sampler_sum: list[float], where: str = "") -> list[float]:
+        import numpy as np
+
+        from sweet_jax.data.examples import INFO_TEMPLATE
+        from sweet_jax.data.trajectories import DataError
+        from sweet_jax.prefix_scoring import continuation_logprobs
+
+        text = ("" if self.no_info else INFO_TEMPLATE.format(info=ground_truth)) + prompt
+        ids = self.tok.encode(text, add_special_tokens=False)
+        if ids[-HEADER_TOKENS:] != self.header:
+            raise DataError(f"{where}: field 'input': does not end with the assistant header {HEADER!r}")
+        cands = [self.tok.encode(c, add_special_tokens=False) or [self.tok.convert_tokens_to_ids(EOT)]
+                 for c in candidates]
+        prefix, head = (ids[:-HEADER_TOKENS], self.header) if not self.no_header else (ids, [])
+        spans = [head + c for c in cands]
+        reduce = np.sum if self.use_sum else np.mean
+        score = [float(reduce(lp)) for lp in continuation_logprobs(self.critic, self.cfg, prefix, spans)]
+        if self.ref is not None:
+            base = [float(reduce(lp)) for lp in continuation_logprobs(self.ref, self.cfg, prefix, spans)]
+        else:
+            base = sampler_sum if self.use_sum else sampler_mean
+        return [s - b for s, b in zip(score, base)]
+
+
 def rank(args) -> dict:
-    import numpy as np
     from tqdm.auto import tqdm
 
-    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
-    from sweet_jax.checkpoint import load_model
     from sweet_jax.colbench.jsonl import append_scored
-    from sweet_jax.data.examples import INFO_TEMPLATE
     from sweet_jax.data.trajectories import DataError
-    from sweet_jax.models.llama import unstack_layers
-    from sweet_jax.prefix_scoring import continuation_logprobs
 
     required = ("input", "ground_truth", "additional_outputs", "additional_reference_logprobs",
                 "additional_reference_logprobs_sum")
     records = _read_jsonl(args.input, required)
-    cfg, critic, tok_dir = load_model(args.critic, args.dtype)
-    critic = unstack_layers(critic)  # the inference layout, once
-    ref = None
-    if args.reference == "model":
-        if not args.reference_model:
-            raise DataError("--reference model needs --reference-model (the frozen reference critic)")
-        ref_cfg, ref, _ = load_model(args.reference_model, args.dtype)
-        ref = unstack_layers(ref)
-        if ref_cfg.vocab_size != cfg.vocab_size:
-            raise DataError("the reference model's vocabulary differs from the critic's")
-    tok = load_tokenizer(args.tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
-    header = tok.encode(HEADER, add_special_tokens=False)
+    if args.reference == "model" and not args.reference_model:
+        raise DataError("--reference model needs --reference-model (the frozen reference critic)")
+    judge = Judge(args.critic, no_info=args.no_info, use_sum=args.use_sum, no_header=args.no_header,
+                  reference_model=args.reference_model if args.reference == "model" else None,
+                  tokenizer=args.tokenizer, dtype=args.dtype)
     partial, done = _resumable(args.output)
     with open(partial, "a") as out:
         for i, rec in enumerate(tqdm(records, desc="rank with the critic", disable=None)):
             if i in done:
                 continue
-            text = ("" if args.no_info else INFO_TEMPLATE.format(info=rec["ground_truth"])) + rec["input"]
-            ids = tok.encode(text, add_special_tokens=False)
-            if ids[-HEADER_TOKENS:] != header:
-                raise DataError(f"{args.input}:{i + 1}: field 'input': does not end with the assistant header "
-                                f"{HEADER!r}")
-            cands = [tok.encode(c, add_special_tokens=False) or [tok.convert_tokens_to_ids(EOT)]
-                     for c in rec["additional_outputs"]]
-            prefix, head = (ids[:-HEADER_TOKENS], header) if not args.no_header else (ids, [])
-            spans = [head + c for c in cands]
-            crit = continuation_logprobs(critic, cfg, prefix, spans)
-            reduce = np.sum if args.use_sum else np.mean
-            score = [float(reduce(lp)) for lp in crit]
-            if ref is not None:
-                base = [float(reduce(lp)) for lp in continuation_logprobs(ref, cfg, prefix, spans)]
-            else:
-                base = rec["additional_reference_logprobs_sum" if args.use_sum else "additional_reference_logprobs"]
-            scored = {**rec, "judge_result": [s - b for s, b in zip(score, base)]}
+            scored = {**rec, "judge_result": judge(rec["input"], rec["ground_truth"], rec["additional_outputs"],
+                                                   rec["additional_reference_logprobs"],
+                                                   rec["additional_reference_logprobs_sum"],
+                                                   where=f"{args.input}:{i + 1}")}
             append_scored(out, i, scored)
             done[i] = scored
     _finish(args.output, partial, done, len(records))
     return {"states": len(records)}
+
+
+def _parse_judges(specs: list[str]) -> dict[str, dict]:
+    """--judge NAME=DIR[:no-info][:sum][:no-header] -> {NAME: Judge keyword arguments}."""
+    from sweet_jax.data.trajectories import DataError
+
+    judges = {}
+    for spec in specs:
+        name, eq, rest = spec.partition("=")
+        if not eq or not name or not rest:
+            raise DataError(f"--judge {spec!r}: expected NAME=CRITIC_DIR[:no-info][:sum][:no-header]")
+        path, *opts = rest.split(":")
+        unknown = sorted(set(opts) - {"no-info", "sum", "no-header"})
+        if unknown or name == "random" or name in judges:
+            raise DataError(f"--judge {spec!r}: unknown options {unknown}" if unknown else
+                            f"--judge {spec!r}: the name {name!r} is taken")
+        judges[name] = dict(critic=path, no_info="no-info" in opts, use_sum="sum" in opts,
+                            no_header="no-header" in opts)
+    return judges
+
+
+def evaluate(args) -> dict:
+    """Best-of-N on held-out tasks (the paper's Figure 3a): at every agent turn the fixed policy samples N candidates,
+    a selector picks one, and the simulator (greedy) replies; the final answers are scored in the sandbox.
+
+    Selectors: "random" (the first candidate, which is a uniform pick), and one per --judge critic (the highest judge
+    score; ties go to the earlier candidate). Each state of each repeat is sampled once with `max(ns)` candidates and
+    best-of-N uses the first N of them, so the curves differ only in the selection. States, candidates, judge scores
+    and simulator replies go to OUT.cache.partial as they are made, so a killed run resumes from it. At the end OUT
+    (JSON) is written atomically, {"success": {selector: {N: rate}}, "tests_passed": ..., "episodes": ...}, with
+    OUT.trajectories.jsonl (every episode, with `selector`, `n`, `repeat`) and OUT.states.jsonl (the cache).
+    """
+    import hashlib
+
+    from tqdm.auto import tqdm
+
+    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer, render_text
+    from sweet_jax.checkpoint import load_model
+    from sweet_jax.colbench.backend_eval import BackendEvaluator
+    from sweet_jax.colbench.env import BackendEpisode
+    from sweet_jax.colbench.jsonl import write_jsonl
+    from sweet_jax.data.trajectories import DataError
+    from sweet_jax.generate import SamplingParams, generate
+    from sweet_jax.models.llama import unstack_layers
+
+    tasks = _read_jsonl(args.tasks, ("problem_description", "ground_truth", "test_cases"))
+    tasks = tasks[:args.limit] if args.limit else tasks
+    ns = sorted({int(n) for n in args.ns.split(",")})
+    if not ns or ns[0] < 1:
+        raise DataError(f"--ns {args.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
+    judge_kw = _parse_judges(args.judge)
+    cfg, params, tok_dir = load_model(args.policy, args.dtype)
+    params = unstack_layers(params)
+    if os.path.realpath(args.simulator) == os.path.realpath(args.policy):
+        sim_cfg, sim_params = cfg, params
+    else:
+        sim_cfg, sim_params, _ = load_model(args.simulator, args.dtype)
+        sim_params = unstack_layers(sim_params)
+    tok = load_tokenizer(args.tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
+    eot = tok.convert_tokens_to_ids(EOT)
+    agent_sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, stop_tokens=(eot,))
+    sim_sp = SamplingParams(temperature=0.0, max_tokens=args.simulator_max_tokens, stop_tokens=(eot,))
+    judges = {name: Judge(tokenizer=args.tokenizer, dtype=args.dtype, **kw) for name, kw in judge_kw.items()}
+
+    cache_path = args.output + ".cache.partial"
+    # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
+    # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
+    states, replies = {}, {}
+    if os.path.exists(cache_path):
+        from sweet_jax.colbench.jsonl import parse_object
+
+        with open(cache_path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.endswith("\n"):
+                    break  # a line cut by a kill
+                rec = parse_object(line, f"{cache_path}:{lineno}")
+                if rec["kind"] == "state":
+                    states[(rec["repeat"], rec["task"], rec["prompt"])] = rec
+                else:
+                    replies[rec["prompt"]] = rec["reply"]
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)) or ".", exist_ok=True)
+    cache = open(cache_path, "a")
+
+    def remember(rec: dict) -> None:
+        cache.write(json.dumps(rec) + "\n")
+        cache.flush()
+
+    def seed_of(repeat: int, task: int, prompt: str) -> int:
+        key = f"{args.seed}/{repeat}/{task}/{prompt}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+    selectors = ["random", *judges]
+    episodes = [(sel, n, r, t, BackendEpisode(task, max_steps=args.max_steps))
+                for sel in selectors for n in ns for r in range(args.repeats) for t, task in enumerate(tasks)]
+    bar = tqdm(total=len(episodes), desc="best-of-N episodes", disable=None)
+    while True:
+        active = [e for e in episodes if not e[4].done]
+        if not active:
+            break
+        # 1. sample and judge the states not seen before
+        todo = sorted({(r, t, ep.agent_prompt()) for _, _, r, t, ep in active} - states.keys())
+        for start in range(0, len(todo), args.batch):
+            keys = todo[start:start + args.batch]
+            results = generate(params, cfg, [tok.encode(p, add_special_tokens=False) for *_, p in keys], agent_sp,
+                               n=ns[-1], seed=[seed_of(*k) for k in keys])
+            for (r, t, p), samples in zip(keys, results):
+                rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
+                       "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
+                       "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
+                       "sum": [sum(x.logprobs) for x in samples]}
+                rec["judge"] = {name: j(p, tasks[t]["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
+                                        where=f"{args.tasks}: task {t + 1}") for name, j in judges.items()}
+                states[(r, t, p)] = rec
+                remember(rec)
+        # 2. every active episode takes its selector's pick among the first N candidates
+        for sel, n, r, t, ep in active:
+            rec = states[(r, t, ep.agent_prompt())]
+            pick = 0 if sel == "random" else max(range(n), key=lambda i: (rec["judge"][sel][i], -i))
+            if ep.step(rec["candidates"][pick]):
+                bar.update(1)
+        # 3. the simulator replies (greedy, so one reply per distinct prompt)
+        waiting = [e for e in episodes if not e[4].done and e[4].history[-1]["role"] == "assistant"]
+        prompts = {render_text(ep.simulator_messages(), add_generation_prompt=True) for *_, ep in waiting}
+        todo = sorted(prompts - replies.keys())
+        for start in range(0, len(todo), args.batch * 4):
+            chunk = todo[start:start + args.batch * 4]
+            out = generate(sim_params, sim_cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp)
+            for p, o in zip(chunk, out):
+                replies[p] = tok.decode(o[0].tokens, skip_special_tokens=True)
+                remember({"kind": "reply", "prompt": p, "reply": replies[p]})
+        for *_, ep in waiting:
+            ep.add_reply(replies[render_text(ep.simulator_messages(), add_generation_prompt=True)])
+    bar.close()
+    cache.close()
+
+    evaluator = BackendEvaluator(semantics=args.semantics)
+    scores = {}
+    for sel, n, r, t, ep in tqdm(episodes, desc="score answers", disable=None):
+        key = (ep.answer, ep.task["ground_truth"])
+        if key not in scores:
+            scores[key] = evaluator.score(ep.answer, ep.task["ground_truth"], ep.task["test_cases"]).reward
+    table = {k: {sel: {} for sel in selectors} for k in ("success", "tests_passed", "episodes")}
+    trajectories = []
+    for sel in selectors:
+        for n in ns:
+            rewards = [scores[(ep.answer, ep.task["ground_truth"])] for s_, n_, _, _, ep in episodes
+                       if s_ == sel and n_ == n]
+            table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
+            table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
+            table["episodes"][sel][str(n)] = len(rewards)
+    for sel, n, r, t, ep in episodes:
+        trajectories.append({**ep.record(), "reward": scores[(ep.answer, ep.task["ground_truth"])], "selector": sel,
+                             "n": n, "repeat": r, "task_index": t})
+    write_jsonl(args.output + ".trajectories.jsonl", trajectories)
+    result = {**table, "tasks": len(tasks), "repeats": args.repeats, "seed": args.seed, "policy": args.policy,
+              "judges": judge_kw}
+    tmp = args.output + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1)
+    os.replace(tmp, args.output)
+    os.replace(cache_path, args.output + ".states.jsonl")  # kept for inspection: every state's candidates and scores
+    return {"success": table["success"]}
 
 
 def pairs(args) -> dict:
@@ -227,7 +417,24 @@ def main(argv=None) -> int:
     q.add_argument("--num-pairs", type=int, default=4)
     q.add_argument("--seed", type=int, default=42)
     q.add_argument("--no-prompt", action="store_true")
-    for x in (s, r):
+    e = sub.add_parser("evaluate")
+    e.add_argument("--policy", required=True, help="the fixed policy: HF directory or training run")
+    e.add_argument("--simulator", required=True, help="the simulated human (may be the policy's directory)")
+    e.add_argument("--tasks", required=True, help="held-out backend tasks (JSONL)")
+    e.add_argument("--output", required=True, help="the results, JSON")
+    e.add_argument("--judge", action="append", default=[],
+                   help="NAME=CRITIC_DIR[:no-info][:sum][:no-header], repeatable (the options as in rank)")
+    e.add_argument("--ns", default="1,2,4,8,16")
+    e.add_argument("--repeats", type=int, default=1, help="independent draws of every task")
+    e.add_argument("--limit", type=int, default=0, help="the first N tasks; 0: all")
+    e.add_argument("--max-steps", type=int, default=10)
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-tokens", type=int, default=1024)
+    e.add_argument("--simulator-max-tokens", type=int, default=4096)
+    e.add_argument("--batch", type=int, default=8, help="states per generate call")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--semantics", choices=("reference", "clean"), default="reference")
+    for x in (s, r, e):
         x.add_argument("--tokenizer", default=None)
         x.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = p.parse_args(argv)
@@ -236,7 +443,7 @@ def main(argv=None) -> int:
     from sweet_jax.data.trajectories import DataError
 
     try:
-        result = {"sample": sample, "rank": rank, "pairs": pairs}[args.command](args)
+        result = {"sample": sample, "rank": rank, "pairs": pairs, "evaluate": evaluate}[args.command](args)
     except (DataError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,12 +2,19 @@
 
 Stages, in order, each writing into the run directory (`run_dir`):
 
-    init      the initial policy, simulator, critic and reference: `policy_init` (an HF directory), or with none
-              given a random-init tiny Llama with the Llama-3 tokenizer (`init` settings), written to RUN/init/hf
-    data      the offline trajectories on the train tasks: collected by the policy against the simulator, both
-              served over the OpenAI API, or (`data.source = "synthetic"`) SYNTHETIC scripted collaborations
+    init      the initial model: `policy_init` (an HF directory), or with none given a random-init tiny Llama with the
+              Llama-3 tokenizer (`init` settings; `python -m sweet_jax.models.random_init`), written to RUN/init/hf
+    tasks     (tasks.kind = "ask") the SYNTHETIC ask domain: train and test tasks and the pre-training dialogues
+    pretrain  (pretrain.config set) supervised pre-training of the random init on those dialogues: it becomes the
+              initial policy and the simulator
+    data      the offline trajectories on the train tasks: collected by the initial policy against the simulator,
+              both served over the OpenAI API, or (`data.source = "synthetic"`) SYNTHETIC scripted collaborations
     critic    the SWEET critic: Bradley-Terry on the ground-truth trajectory pairs, with the reference solution
               (`sweet_jax.train`; the pairs are formed from the trajectories as in spec step 1)
+    critic_no_info, best_of_n
+              (best_of_n_eval.enabled) the critic ablation trained without the information, and the best-of-N
+              evaluation of the paper's Figure 3a on the test tasks: the initial policy fixed, candidates chosen by
+              the SWEET critic, the same critic ranking sums, the critic without information, or at random
     sample    16 candidates per assistant turn of the first `data_fraction` of the trajectories (step 3)
     rank      critic advantages on one shared-prefix cache per turn (step 4)
     pairs     top-half vs bottom-half preference pairs, official layout (step 5)
@@ -17,7 +24,7 @@ Stages, in order, each writing into the run directory (`run_dir`):
               the baselines (spec section 5): the initial policy as it is; rejection fine-tuning on the successful
               trajectories; multi-turn DPO on the ground-truth pairs without the information; each evaluated as
               `test` is
-    report    `sweet_jax.report`: RUN/report/report.md with the results table and the plots
+    report    `sweet_jax.report`: RUN/report/report.md with the results tables and the plots
 
 - A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
   stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
@@ -76,6 +83,7 @@ class Stage:
     inputs: tuple[str, ...]  # run-directory paths that must exist first
     outputs: tuple[str, ...]  # run-directory paths the stage leaves
     run: Callable[["Run"], dict]
+    enabled: Callable[["Run"], bool] = lambda run: True  # a stage the config leaves out is passed over
 
 
 class Run:
@@ -90,7 +98,26 @@ class Run:
 
     @property
     def policy_init(self) -> str:
-        return self.cfg.policy_init or self.path("init", "hf")
+        """The initial policy: `policy_init`, else the pre-trained model, else the random init."""
+        if self.cfg.policy_init:
+            return self.cfg.policy_init
+        return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
+
+    @property
+    def generated_tasks(self) -> bool:
+        return self.cfg.tasks.kind == "ask"
+
+    @property
+    def train_tasks(self) -> str:
+        return self.cfg.data.train_tasks or (self.path("tasks", "train_tasks.jsonl") if self.generated_tasks else "")
+
+    @property
+    def test_tasks(self) -> str:
+        if self.cfg.test_tasks:
+            return self.cfg.test_tasks
+        if self.generated_tasks:
+            return self.path("tasks", "test_tasks.jsonl")
+        return self.path("data", "test_tasks.jsonl")  # written by the scripted synthetic data stage
 
     @property
     def simulator(self) -> str:
@@ -147,12 +174,14 @@ class Run:
 # ---------------------------------------------------------------------------------------------------- stages
 
 
-def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str) -> dict:
+def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rollouts: int) -> dict:
     c = run.cfg.collect
+    if not tasks:
+        raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
     with run.served(stage, agent_model) as agent, run.served(stage + "_simulator", run.simulator) as sim:
         run.job(stage, "collect", "--config", os.path.join(ROOT, "configs", "collect_backend.py"),
                 f"--config.tasks={tasks}", f"--config.output={output}", f"--config.limit={c.limit}",
-                f"--config.rollouts={c.rollouts}", f"--config.max_steps={c.max_steps}",
+                f"--config.rollouts={rollouts}", f"--config.max_steps={c.max_steps}",
                 f"--config.concurrency={c.concurrency}", f"--config.agent.base_url={agent}",
                 "--config.agent.model=" + os.path.basename(agent_model.rstrip("/")),
                 f"--config.agent.max_tokens={c.agent_max_tokens}", f"--config.simulator.base_url={sim}",
@@ -171,20 +200,28 @@ def _rewards(path: str) -> dict:
 def stage_init(run: Run) -> dict:
     if run.cfg.policy_init:
         return {"policy_init": run.cfg.policy_init}
-    import jax
     import ml_collections
-
-    from sweet_jax import models
-    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
 
     i = run.cfg.init
     overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
-    cfg = models.LlamaConfig.preset("tiny", **overrides)
     out = run.path("init", "hf")
-    models.save_hf_params(models.init_params(cfg, jax.random.key(i.seed), std=i.std), cfg, out)
-    load_tokenizer(bundled_llama3_tokenizer_dir()).save_pretrained(out)
-    return {"policy_init": out, "random_init": True, "params": sum(x.size for x in jax.tree.leaves(
-        models.abstract_params(cfg)))}
+    run.job("init", "models.random_init", "--output", out, "--seed", str(i.seed), "--std", str(i.std),
+            "--overrides", json.dumps(overrides), *["--head-from-embed"] * bool(i.head_from_embed))
+    return {"policy_init": out, "random_init": True}
+
+
+def stage_tasks(run: Run) -> dict:
+    from sweet_jax.colbench import synthetic
+
+    t = run.cfg.tasks
+    files = synthetic.write_ask_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
+                                     num_constants=t.num_constants, p_good=t.p_good, p_vague=t.p_vague, seed=t.seed)
+    return {"source": "SYNTHETIC ask domain (not ColBench)", **files}
+
+
+def stage_pretrain(run: Run) -> dict:
+    return _train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
+                  run.cfg.pretrain.overrides, init=run.path("init", "hf"))
 
 
 def stage_data(run: Run) -> dict:
@@ -205,13 +242,14 @@ def stage_data(run: Run) -> dict:
         return {"source": "SYNTHETIC scripted collaborations (not ColBench)", **_rewards(out)}
     if d.source != "collect":
         raise StageError(f"data.source must be 'synthetic' or 'collect', got {d.source!r}")
-    return _collect(run, "data", d.train_tasks, out, run.policy_init)
+    summary = _collect(run, "data", run.train_tasks, out, run.policy_init, run.cfg.collect.rollouts)
+    return {"source": "SYNTHETIC ask domain (not ColBench)", **summary} if run.generated_tasks else summary
 
 
-def _train(run: Run, stage: str, config: str, data: str, overrides) -> dict:
+def _train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
     out = run.path(stage)
     run.job(stage, "train", "--config", os.path.join(ROOT, config), f"--config.data.path={data}",
-            f"--config.train.output_dir={out}", f"--config.model.hf_path={run.policy_init}",
+            f"--config.train.output_dir={out}", f"--config.model.hf_path={init or run.policy_init}",
             *[f"--config.{o}" for o in overrides])
     with open(os.path.join(out, "metrics.json")) as fh:
         metrics = json.load(fh)
@@ -221,6 +259,12 @@ def _train(run: Run, stage: str, config: str, data: str, overrides) -> dict:
 def stage_critic(run: Run) -> dict:
     return _train(run, "critic", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
                   run.cfg.critic.overrides)
+
+
+def stage_critic_no_info(run: Run) -> dict:
+    """The "w/o training-time information" ablation: the same critic recipe on the pairs without the prefix."""
+    return _train(run, "critic_no_info", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+                  (*run.cfg.critic.overrides, "data.with_info=False"))
 
 
 def stage_sample(run: Run) -> dict:
@@ -238,7 +282,7 @@ def stage_rank(run: Run) -> dict:
             "--output", run.path("bon", "ranked.jsonl"), "--reference", r.reference]
     if r.reference == "model":
         args += ["--reference-model", run.policy_init]
-    args += ["--use-sum"] * r.use_sum + ["--no-info"] * r.no_info
+    args += ["--use-sum"] * r.use_sum + ["--no-info"] * r.no_info + ["--no-header"] * r.no_header
     run.job("rank", "best_of_n", "rank", *args)
     return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
 
@@ -256,8 +300,25 @@ def stage_policy(run: Run) -> dict:
 
 
 def _test(run: Run, stage: str, model: str) -> dict:
-    tasks = run.cfg.test_tasks or run.path("data", "test_tasks.jsonl")
-    return _collect(run, stage, tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model)
+    return _collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
+                    run.cfg.test.rollouts)
+
+
+def stage_best_of_n(run: Run) -> dict:
+    """Figure 3a: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET critic, the same
+    critic ranking with sums, the critic trained without the information, and random choice."""
+    e = run.cfg.best_of_n_eval
+    opt = ":no-header" if run.cfg.rank.no_header else ""  # the judges score as the rank stage does
+    run.job("best_of_n", "best_of_n", "evaluate", "--policy", run.policy_init, "--simulator", run.simulator,
+            "--tasks", run.test_tasks, "--output", run.path("eval", "best_of_n.json"), "--ns", e.ns,
+            "--repeats", str(e.repeats), "--limit", str(e.limit), "--max-steps", str(run.cfg.collect.max_steps),
+            "--max-tokens", str(run.cfg.collect.agent_max_tokens),
+            "--simulator-max-tokens", str(run.cfg.collect.simulator_max_tokens), "--seed", str(e.seed),
+            "--judge", f"SWEET critic={run.path('critic', 'hf')}{opt}",
+            "--judge", f"SWEET critic, sum={run.path('critic', 'hf')}:sum{opt}",
+            "--judge", f"critic w/o information={run.path('critic_no_info', 'hf')}:no-info{opt}")
+    with open(run.path("eval", "best_of_n.json")) as fh:
+        return {"success": json.load(fh)["success"]}
 
 
 def stage_test(run: Run) -> dict:
@@ -279,10 +340,22 @@ def stage_report(run: Run) -> dict:
     return {"report": write_report(run.dir)}
 
 
+def _best_of_n_eval(run: Run) -> bool:
+    return bool(run.cfg.best_of_n_eval.enabled)
+
+
 STAGES = (
     Stage("init", (), (), stage_init),
+    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
+          enabled=lambda run: run.generated_tasks),
+    Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain,
+          enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init),
     Stage("data", (), ("data/train_trajectories.jsonl",), stage_data),
     Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic),
+    Stage("critic_no_info", ("data/train_trajectories.jsonl",), ("critic_no_info/hf",), stage_critic_no_info,
+          enabled=_best_of_n_eval),
+    Stage("best_of_n", ("critic/hf", "critic_no_info/hf"), ("eval/best_of_n.json",), stage_best_of_n,
+          enabled=_best_of_n_eval),
     Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample),
     Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank),
     Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs),
@@ -332,6 +405,9 @@ def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, unti
     records = {}
     for stage in selected:
         marker = _marker(run, stage)
+        if not stage.enabled(run):
+            log.info("stage %-7s not in this config; passed over", stage.name)
+            continue
         if os.path.exists(marker) and not force:
             with open(marker) as fh:
                 records[stage.name] = json.load(fh)

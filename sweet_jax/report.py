@@ -5,8 +5,9 @@
   success rate), and the training stages' final held-out metrics.
 - `training_curves.png`: per training stage, the train loss and the held-out accuracy against the step (from each
   stage's `log.jsonl`; after a resume the last line per step counts).
-- `best_of_n.png`: the best-of-N curve of the paper's Figure 3a, when the run has a best-of-N evaluation
-  (`eval/best_of_n.json`: {method: {N: success}}).
+- `best_of_n.png` and a table: the best-of-N curves of the paper's Figure 3a with 95% Wilson intervals, when the run
+  has a best-of-N evaluation (`eval/best_of_n.json`, from `sweet_jax.best_of_n evaluate`: {"success": {selector:
+  {N: rate}}, "episodes": {selector: {N: count}}, ...}).
 
 The output goes to RUN_DIR/report by default, written atomically file by file.
 """
@@ -22,7 +23,7 @@ import sys
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
            "test": "SWEET-RL"}
-TRAINING = ("critic", "policy", "rft", "mtdpo")
+TRAINING = ("pretrain", "critic", "critic_no_info", "policy", "rft", "mtdpo")
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -116,24 +117,48 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(src) as fh:
-        curves = json.load(fh)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, points in curves.items():
+    curves, counts = read_best_of_n(src)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (method, points) in enumerate(curves.items()):
         ns = sorted(points, key=int)
-        ax.plot([int(n) for n in ns], [100 * points[n] for n in ns], "o-", label=method)
+        x = [int(n) * 1.03 ** (i - len(curves) / 2) for n in ns]  # a small offset keeps the error bars apart
+        y = [100 * points[n] for n in ns]
+        cis = [wilson(round(points[n] * counts[method][n]), counts[method][n]) for n in ns]
+        err = [[yy - 100 * lo for yy, (lo, _) in zip(y, cis)], [100 * hi - yy for yy, (_, hi) in zip(y, cis)]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=method)
     ax.set_xscale("log", base=2)
     ticks = sorted({int(n) for points in curves.values() for n in points})
     ax.set_xticks(ticks, [str(n) for n in ticks])
     ax.set_xlabel("N (candidates per turn)")
     ax.set_ylabel("success rate (%)")
-    ax.set_title("best-of-N selection")
+    ax.set_title("best-of-N selection (95% Wilson intervals)")
     ax.grid(alpha=0.3)
     ax.legend()
     path = os.path.join(out, "best_of_n.png")
     _save(fig, path)
     plt.close(fig)
     return [path]
+
+
+def read_best_of_n(path: str) -> tuple[dict, dict]:
+    """({selector: {N: success rate}}, {selector: {N: episodes}}) of a `sweet_jax.best_of_n evaluate` result."""
+    with open(path) as fh:
+        result = json.load(fh)
+    return result["success"], result["episodes"]
+
+
+def best_of_n_table(path: str) -> list[str]:
+    curves, counts = read_best_of_n(path)
+    ns = sorted({n for points in curves.values() for n in points}, key=int)
+    lines = ["| selector | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
+    for method, points in curves.items():
+        cells = []
+        for n in ns:
+            k, m = round(points[n] * counts[method][n]), counts[method][n]
+            lo, hi = wilson(k, m)
+            cells.append(f"{100 * points[n]:.1f} ({100 * lo:.0f}-{100 * hi:.0f})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_report(run_dir: str, out: str | None = None) -> str:
@@ -147,7 +172,11 @@ def write_report(run_dir: str, out: str | None = None) -> str:
 
     lines = [f"# SWEET-RL run report: `{run_dir}`", ""]
     data = markers.get("data", {}).get("summary", {})
-    if "SYNTHETIC" in str(data.get("source", "")):
+    if "ask domain" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC tasks, not ColBench**: the ask domain, in which only the simulated human knows the "
+                  "constant the answer needs and tells it when asked for it. The numbers below are a toy-scale check, "
+                  "not the paper's benchmark.", ""]
+    elif "SYNTHETIC" in str(data.get("source", "")):
         lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
                   "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
                   "benchmark.", ""]
@@ -169,6 +198,11 @@ def write_report(run_dir: str, out: str | None = None) -> str:
             s = markers[stage]["summary"]
             lines.append(f"| {stage} | {s['steps']} | {s['held_out'].get('accuracy', float('nan')):.3f} | "
                          f"{s['held_out'].get('loss', float('nan')):.4f} | {s['seconds']} |")
+    bon = os.path.join(run_dir, "eval", "best_of_n.json")
+    if os.path.exists(bon):
+        lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
+                  "Success rate (%) with the initial policy fixed, choosing among N candidates per turn; 95% Wilson "
+                  "interval in brackets.", ""] + best_of_n_table(bon)
     lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
     if not any(p.endswith("best_of_n.png") for p in plots):
         lines += ["", "No best-of-N evaluation in this run (`eval/best_of_n.json`), so no Figure 3a curve."]

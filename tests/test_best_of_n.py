@@ -83,3 +83,66 @@ def test_rank_refuses_a_malformed_sampled_file(files, tmp_path):
     bad.write_text('{"input": "x"}\n')
     proc = _run("rank", "--critic", files / "policy", "--input", bad, "--output", tmp_path / "out.jsonl")
     assert proc.returncode == 2 and f"{bad}:1: field 'ground_truth': missing" in proc.stderr
+
+
+def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(files, tmp_path):
+    """`evaluate` (Figure 3a): every turn of a judge's episode takes the highest-scored of the state's first N
+    candidates, random choice takes the first, N = 1 is the same for every selector, the table is the mean of the
+    scored episodes, and a rerun from the kept cache reproduces the result."""
+    import random
+
+    tasks = [synthetic.make_ask_task(random.Random(i)) for i in range(3)]
+    # a task with the same text as the first and another constant: it must get its own candidates and scores
+    twin = json.loads(json.dumps(tasks[0]))
+    other = [c for c in twin["constants"] if f" {c}" not in twin["ground_truth"]][0]
+    twin["ground_truth"] = twin["hidden_information"] = twin["ground_truth"].rsplit(" ", 1)[0] + f" {other}"
+    tasks.append(twin)
+    synthetic.write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    out = tmp_path / "bon.json"
+    args = ["evaluate", "--policy", files / "policy", "--simulator", files / "policy", "--tasks",
+            tmp_path / "tasks.jsonl", "--output", out, "--judge", f"critic={files / 'other'}",
+            "--judge", f"critic_sum={files / 'other'}:sum:no-header", "--ns", "1,2,4", "--repeats", "2",
+            "--max-steps", "2", "--max-tokens", "5", "--simulator-max-tokens", "4"]
+    proc = _run(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    states = {(r["repeat"], r["task"], r["prompt"]): r for r in map(json.loads, open(f"{out}.states.jsonl"))
+              if r["kind"] == "state"}
+    trajs = [json.loads(line) for line in open(f"{out}.trajectories.jsonl")]
+    assert len(trajs) == 3 * 3 * 2 * 4  # selectors x N x repeats x tasks
+    turns = {}
+    for t in trajs:
+        for m in t["dialogue_history"]:
+            if m["role"] != "assistant":
+                continue
+            st = states[(t["repeat"], t["task_index"], m["input"])]
+            assert len(st["candidates"]) == 4
+            if t["selector"] == "random":
+                want = 0
+            else:
+                scores = st["judge"][t["selector"]][:t["n"]]
+                want = scores.index(max(scores))
+            assert m["output"] == st["candidates"][want]
+        turns[(t["selector"], t["n"], t["repeat"], t["task_index"])] = t["dialogue_history"]
+    for (sel, n, r, i), history in turns.items():
+        assert history == turns[("random", 1, r, i)] or n > 1  # N = 1: no choice to make
+    for sel in ("random", "critic", "critic_sum"):
+        for n in ("1", "2", "4"):
+            rewards = [t["reward"] for t in trajs if t["selector"] == sel and str(t["n"]) == n]
+            assert result["episodes"][sel][n] == len(rewards) == 8
+            assert result["success"][sel][n] == pytest.approx(sum(x >= 1 for x in rewards) / 8)
+            assert result["tests_passed"][sel][n] == pytest.approx(sum(rewards) / 8)
+    # each state's scores are the critic's with its own task's information (recomputed here)
+    from sweet_jax.best_of_n import Judge
+
+    judge = Judge(str(files / "other"))
+    first = {t: states[(0, t, p)] for (r, t, p) in states if r == 0 and p.count("<|start_header_id|>user") == 1}
+    assert first[0]["prompt"] == first[3]["prompt"] and first[0]["candidates"] != first[3]["candidates"]
+    for t, st in first.items():
+        want = judge(st["prompt"], tasks[t]["ground_truth"], st["candidates"], st["mean"], st["sum"])
+        np.testing.assert_allclose(st["judge"]["critic"], want, atol=1e-4)
+    os.replace(f"{out}.states.jsonl", f"{out}.cache.partial")  # as after a kill at the very end
+    out.unlink()
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(out.read_text()) == result

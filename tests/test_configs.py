@@ -33,7 +33,15 @@ def test_all_configs_load():
             assert c.task_type == n[len("collect_"):] and c.agent.temperature == 1.0 and c.max_steps == 10
         elif n.startswith("sweet_"):  # pipelines (sweet_jax.pipeline): their training stages name job configs
             for stage in ("critic", "policy", "rft", "mtdpo"):
-                assert _load(os.path.basename(c[stage].config)[:-3]).objective in ("critic", "dpo", "sft")
+                job = os.path.basename(c[stage].config)[:-3]
+                assert _load(job).objective in ("critic", "dpo", "sft")
+                if n.endswith(("_8b", "_70b")):  # the paper pipelines run the Table 5 recipes of their size
+                    assert job == f"{stage}_{n.rsplit('_', 1)[1]}" and not c[stage].overrides
+            if n.endswith(("_8b", "_70b")):
+                assert (c.collect.rollouts, c.collect.max_steps, c.best_of_n.n, c.best_of_n.data_fraction,
+                        c.pairs.num_pairs, c.collect.agent_max_tokens, c.best_of_n.max_tokens) == (
+                            3, 10, 16, 0.1, 4, 1024, 1024)
+                assert ("70B" in c.policy_init) == n.endswith("_70b") and "70B" in c.simulator
         else:
             assert c.objective in ("critic", "dpo", "sft")
 

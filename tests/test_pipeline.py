@@ -17,19 +17,40 @@ def _pipeline(run_dir, *args, timeout=1800):
                           timeout=timeout)
 
 
+SCRIPTED = ["--config.data.source=synthetic", "--config.tasks.kind=", "--config.pretrain.config=",
+            "--config.best_of_n_eval.enabled=False", "--config.data.synthetic.num_tasks=20"]
+
+
+def test_random_init_writes_a_loadable_checkpoint_with_the_head_from_the_embedding(tmp_path):
+    from sweet_jax.checkpoint import load_model
+
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.models.random_init", "--output", str(tmp_path / "m"),
+                           "--std", "0.1", "--head-from-embed", "--overrides",
+                           json.dumps(dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                                           num_kv_heads=1, tie_word_embeddings=False))],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg, params, tok_dir = load_model(str(tmp_path / "m"), "float32")
+    assert cfg.hidden_size == 32 and tok_dir  # the tokenizer travels with it
+    assert (params["lm_head"] == params["embed"].T).all() and 0.09 < float(params["embed"].std()) < 0.11
+    tied = subprocess.run([sys.executable, "-m", "sweet_jax.models.random_init", "--output", str(tmp_path / "t"),
+                           "--head-from-embed", "--overrides", '{"tie_word_embeddings": true}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert tied.returncode == 2 and "needs untied embeddings" in tied.stderr
+
+
 def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
     run = tmp_path / "run"
-    first = _pipeline(run, "--until", "data", "--config.data.synthetic.num_tasks=20")
+    first = _pipeline(run, "--until", "data", *SCRIPTED)
     assert first.returncode == 0, first.stderr[-3000:]
     markers = {n: json.loads((run / "stages" / f"{n}.json").read_text()) for n in ("init", "data")}
     assert markers["data"]["summary"]["trajectories"] == 60 and (run / "init" / "hf" / "config.json").exists()
     data_file = run / "data" / "train_trajectories.jsonl"
     before = data_file.stat().st_mtime_ns
-    again = _pipeline(run, "--until", "data", "--config.data.synthetic.num_tasks=20")
+    again = _pipeline(run, "--until", "data", *SCRIPTED)
     assert again.returncode == 0 and again.stderr.count("skipped") == 2
     assert data_file.stat().st_mtime_ns == before  # nothing redone
     assert json.loads(again.stdout.strip().splitlines()[-1])["data"] == markers["data"]["summary"]
-    forced = _pipeline(run, "--from", "data", "--until", "data", "--force", "--config.data.synthetic.num_tasks=20")
+    forced = _pipeline(run, "--from", "data", "--until", "data", "--force", *SCRIPTED)
     assert forced.returncode == 0 and "stage data    running" in forced.stderr and "init" not in forced.stderr
     assert data_file.stat().st_mtime_ns != before
     missing = _pipeline(run, "--stage", "rank")
@@ -38,16 +59,16 @@ def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
     assert unknown.returncode == 1 and "unknown stage 'ranking'" in unknown.stderr
 
 
-SMALL = ["--config.data.synthetic.num_tasks=60", "--config.data.synthetic.num_test_tasks=4",
-         "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.collect.agent_max_tokens=16",
-         "--config.collect.simulator_max_tokens=8", "--config.collect.max_steps=2"]
+SMALL = ["--config.tasks.num_train=40", "--config.tasks.num_test=4", "--config.collect.rollouts=2",
+         "--config.test.rollouts=1", "--config.best_of_n_eval.ns=1,2", "--config.best_of_n_eval.repeats=1",
+         "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.best_of_n.batch=2"]
 
 
 @pytest.mark.slow
 def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_path):
-    """The whole tiny pipeline, killed (SIGKILL to the driver and its job) while sampling candidates, then rerun:
-    the finished stages are not redone, sampling resumes from its partial file with one record per state, and
-    every stage completes."""
+    """The tiny pipeline (ask domain, fewer tasks), killed (SIGKILL to the driver and its job) while sampling
+    candidates, then rerun: the finished stages are not redone, sampling resumes from its partial file with one
+    record per state, and every stage completes."""
     import signal
     import time
 
@@ -83,5 +104,9 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     assert all(len(r["additional_outputs"]) == 4 for r in sampled)
     assert summary["pairs"]["pairs"] == 4 * len(sampled)
     assert summary["test"]["trajectories"] == 4
-    for name in ("init", "data", "critic", "sample", "rank", "pairs", "policy", "test"):
+    for name in ("init", "tasks", "pretrain", "data", "critic", "critic_no_info", "best_of_n", "sample", "rank",
+                 "pairs", "policy", "test"):
         assert (run / "stages" / f"{name}.json").exists()
+    bon = json.loads((run / "eval" / "best_of_n.json").read_text())
+    assert set(bon["success"]) == {"random", "SWEET critic", "SWEET critic, sum", "critic w/o information"}
+    assert all(bon["episodes"][sel] == {"1": 4, "2": 4} for sel in bon["episodes"])

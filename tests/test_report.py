@@ -45,8 +45,9 @@ def test_report_writes_the_table_and_readable_plots(tmp_path):
         json.dumps({"split": "train", "step": s, "loss": 1 / s, "accuracy": 1 - 1 / s}) + "\n" for s in range(1, 41))
         + json.dumps({"split": "eval", "step": 40, "loss": 0.3, "accuracy": 0.9}) + "\n")
     (run / "eval").mkdir()
-    (run / "eval" / "best_of_n.json").write_text(json.dumps({"SWEET critic": {"1": 0.1, "4": 0.3, "16": 0.5},
-                                                             "random": {"1": 0.1, "4": 0.1, "16": 0.12}}))
+    (run / "eval" / "best_of_n.json").write_text(json.dumps({
+        "success": {"SWEET critic": {"1": 0.1, "4": 0.3, "16": 0.5}, "random": {"1": 0.1, "4": 0.1, "16": 0.12}},
+        "episodes": {"SWEET critic": {"1": 100, "4": 100, "16": 100}, "random": {"1": 100, "4": 100, "16": 100}}}))
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(run)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     md = (run / "report" / "report.md").read_text()
@@ -54,6 +55,8 @@ def test_report_writes_the_table_and_readable_plots(tmp_path):
     rows = [line for line in md.splitlines() if line.startswith("| Zero-shot") or line.startswith("| SWEET-RL")]
     assert rows == ["| Zero-shot | 10.0 | 5.0 | 0.9-23.6 | 20 |", "| SWEET-RL | 55.0 | 50.0 | 29.9-70.1 | 20 |"]
     assert "| critic | 40 | 0.900 | 0.3000 | 12.0 |" in md
+    # Wilson intervals worked by hand: 10/100 -> 5.5-17.4, 30/100 -> 21.9-39.6, 50/100 -> 40.4-59.6
+    assert "| SWEET critic | 10.0 (6-17) | 30.0 (22-40) | 50.0 (40-60) |" in md
     for name in ("training_curves.png", "best_of_n.png"):
         img = np.asarray(Image.open(run / "report" / name).convert("L"), np.float32)
         assert img.shape[0] > 300 and img.shape[1] > 500 and img.std() > 10  # drawn, not blank

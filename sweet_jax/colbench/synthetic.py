@@ -121,3 +121,134 @@ def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> 
                         "ground_truth": code, "messages": traj["dialogue_history"], "additional_outputs": outs,
                         "judge_result": scores, "synthetic": True})
     return records
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The "ask" domain: the science check's setting (issue 7). Only the simulated human knows the constant, and tells it
+# only when asked the right question, so one early turn (the question) decides the outcome: a credit-assignment task.
+#
+#   agent: "Which number should it use?"   ->  human: "It should use 37."   ->  agent answers with 37: success
+#   agent: "Can you tell me more about it?" -> human: a non-answer         ->  agent guesses among the constants
+#   agent answers at once                                                  ->  a guess
+#
+# The dialogues run through the real ColBench backend episode (`colbench.env.BackendEpisode`: its agent and simulator
+# prompts and turn rules), so a model pre-trained on them collects, is served and is scored by the real pipeline.
+
+ASK_FUNCTION = "solve"
+ASK_OPS = {"+": "adds", "-": "subtracts", "*": "multiplies by"}
+GOOD_QUESTION = "Which number should it use?"
+VAGUE_QUESTION = "Can you tell me more about it?"
+NON_ANSWER = "I do not know."
+ASK_MAX_STEPS = 3
+
+
+def make_ask_task(rng: random.Random, num_constants: int = 4, task_id: str = "") -> dict:
+    """task_id: kept in the record, so that tasks with the same text (there are 3 x num_constants) stay distinct
+    tasks: rollouts are grouped into preference pairs by the whole task record."""
+    op = rng.choice(sorted(ASK_OPS))
+    c = rng.choice(CONSTANTS[:num_constants])
+    code = f"def {ASK_FUNCTION}(x):\n    return x {op} {c}"
+    return {
+        "problem_description": f"Write a function that {ASK_OPS[op]} a secret number only I know. The signature of "
+                               f"the function is: def {ASK_FUNCTION}(x)",
+        "ground_truth": code,
+        "hidden_information": code,
+        "test_cases": {f"test{i + 1}": f"{ASK_FUNCTION}({x})" for i, x in enumerate(TEST_INPUTS)},
+        "synthetic": True,
+        "source": "sweet_jax.colbench.synthetic:ask",
+        "constants": list(CONSTANTS[:num_constants]),
+        "task_id": task_id,
+    }
+
+
+def ask_answer(task: dict, constant: int) -> str:
+    op = task["ground_truth"].rsplit(" ", 2)[-2]
+    return f"I WANT TO ANSWER:\ndef {ASK_FUNCTION}(x):\n    return x {op} {constant}"
+
+
+def ask_reply(task: dict, question: str) -> str:
+    """The simulated human's rule: the constant for the right question, a non-answer otherwise."""
+    c = int(task["ground_truth"].rsplit(" ", 1)[-1])
+    return f"It should use {c}." if question == GOOD_QUESTION else NON_ANSWER
+
+
+def simulator_example(task: dict, question: str) -> dict:
+    """The simulated human's reply to `question` as a one-turn supervised record: its assistant `input` is the
+    simulator's chat prompt after the task's opening and `question`, as `sweet_jax.serve` renders it."""
+    from sweet_jax.colbench.env import BackendEpisode
+
+    ep = BackendEpisode(task, max_steps=ASK_MAX_STEPS)
+    ep.step(question)
+    reply = ask_reply(task, question)
+    messages = ep.simulator_messages()
+    return {"task": task, "answer": "", "reward": 1.0, "dialogue_history": [
+        {"role": "user", "content": messages[-1]["content"]},
+        {"role": "assistant", "content": reply, "input": render_text(messages, add_generation_prompt=True),
+         "output": reply}]}
+
+
+def ask_rollout(task: dict, rng: random.Random, p_good: float, p_vague: float) -> dict:
+    """One scripted collaboration through the real backend episode, scored by the real scoring rules: the agent asks
+    the good question (p_good), the vague one (p_vague) or neither, then answers with the constant it was told, else a
+    uniform guess among the task's constants."""
+    from sweet_jax.colbench.env import BackendEpisode
+
+    ep = BackendEpisode(task, max_steps=ASK_MAX_STEPS)
+    u = rng.random()
+    told = None
+    if u < p_good + p_vague:
+        question = GOOD_QUESTION if u < p_good else VAGUE_QUESTION
+        ep.step(question)
+        ep.add_reply(ask_reply(task, question))
+        if question == GOOD_QUESTION:
+            told = int(task["ground_truth"].rsplit(" ", 1)[-1])
+    ep.step(ask_answer(task, told if told is not None else rng.choice(task["constants"])))
+    score = score_answer(ep.answer, task["ground_truth"], task["test_cases"])
+    return {**ep.record(), "reward": score.reward}
+
+
+def turn_records(traj: dict) -> list[dict]:
+    """One record per assistant turn of a trajectory, its dialogue cut after that turn: trained with
+    `data.score_span = "response"`, each record teaches only its last turn."""
+    history = traj["dialogue_history"]
+    return [{**traj, "dialogue_history": history[:i + 1]} for i, m in enumerate(history) if m["role"] == "assistant"]
+
+
+def told_example(task: dict) -> dict:
+    """The final-answer turn after the good question and the human's reply: the agent copies the constant it was
+    told (one record, its question turn left untrained under `score_span = "response"`)."""
+    from sweet_jax.colbench.env import BackendEpisode
+
+    ep = BackendEpisode(task, max_steps=ASK_MAX_STEPS)
+    ep.step(GOOD_QUESTION)
+    ep.add_reply(ask_reply(task, GOOD_QUESTION))
+    ep.step(ask_answer(task, int(task["ground_truth"].rsplit(" ", 1)[-1])))
+    return {**ep.record(), "reward": 1.0}
+
+
+def write_ask_data(directory: str | os.PathLike, *, num_tasks: int, num_test_tasks: int, num_constants: int = 4,
+                   p_good: float = 1 / 3, p_vague: float = 1 / 3, seed: int = 0) -> dict[str, str]:
+    """The ask domain's files (each written atomically), from one seed:
+    - pretrain.jsonl: the supervised data that makes a random tiny Llama both a collaborating agent and the simulated
+      human, one record per trained turn (for `score_span = "response"`). Per train task: the turns of one scripted
+      dialogue (so the opening move is the good question, the vague one or an answer, p_good / p_vague / the rest),
+      one more answer after being told the constant (copying it is the skill the agent is slowest to learn), the
+      simulator's replies to both questions, and one more reply to the good question on a task used for nothing
+      else;
+    - train_tasks.jsonl / test_tasks.jsonl: disjoint task lists (for collection and for evaluation)."""
+    rng = random.Random(seed)
+    tasks = [make_ask_task(rng, num_constants, f"ask-{seed}-{'train' if i < num_tasks else 'test'}-{i}")
+             for i in range(num_tasks + num_test_tasks)]
+    pretrain = []
+    for task in tasks[:num_tasks]:
+        pretrain.extend(turn_records(ask_rollout(task, rng, p_good, p_vague)))
+        pretrain.append(told_example(task))
+        pretrain.extend(simulator_example(task, q) for q in (GOOD_QUESTION, VAGUE_QUESTION))
+        # one more reply to the good question, on a task of its own: the simulator's copy of the constant from the
+        # hidden code has to be near perfect, or a good question stops paying (2 epochs without it: 74% right)
+        pretrain.append(simulator_example(make_ask_task(rng, num_constants, "simulator-only"), GOOD_QUESTION))
+    rng.shuffle(pretrain)
+    d = os.fspath(directory)
+    return {"pretrain": write_jsonl(os.path.join(d, "pretrain.jsonl"), pretrain),
+            "train_tasks": write_jsonl(os.path.join(d, "train_tasks.jsonl"), tasks[:num_tasks]),
+            "test_tasks": write_jsonl(os.path.join(d, "test_tasks.jsonl"), tasks[num_tasks:])}

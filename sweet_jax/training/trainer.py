@@ -264,7 +264,14 @@ def run(cfg) -> dict:
     latest = manager.latest_step()
     if latest is not None:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        try:
+            state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        except ValueError as e:
+            if "tree structures do not match" not in str(e):
+                raise
+            raise ValueError(f"{ckpt_dir}: the checkpoint at step {latest} holds a different training state from "
+                             f"this config's (was optim.freeze or the model changed?). Resume with the config it was "
+                             f"written with, or give a new train.output_dir.\n{e}") from None
         log.info("resumed from %s at step %d of %d", ckpt_dir, latest, total_steps)
     start = int(state["step"])
 
