@@ -30,7 +30,8 @@ def get_config():
     c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=3, max_steps=10, concurrency=64,
                                                agent_max_tokens=1024, simulator_max_tokens=4096))
     c.test = ml_collections.ConfigDict(dict(rollouts=1))
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, start_timeout_s=1800))
+    # keep=False: the servers free the accelerators for the training stages in between
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, start_timeout_s=1800, keep=False))
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=()))
     c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,32", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=1024, batch=4))

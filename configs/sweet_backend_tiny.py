@@ -41,13 +41,15 @@ def get_config():
     c.data.synthetic = ml_collections.ConfigDict(dict(num_tasks=400, rollouts=3, p_correct=0.5, seed=0,
                                                       num_constants=4, compact=True, num_test_tasks=20))
     c.test_tasks = ""  # empty: the generated held-out tasks
-    c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=3, max_steps=3, concurrency=32,
+    c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=3, max_steps=3, concurrency=64,
                                                agent_max_tokens=32, simulator_max_tokens=16))
-    c.test = ml_collections.ConfigDict(dict(rollouts=4))
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, start_timeout_s=300))
+    c.test = ml_collections.ConfigDict(dict(rollouts=3))
+    # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
+    # simulator, so one warm server plays both parts in the five collection and evaluation stages)
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, start_timeout_s=300, keep=True))
     # overrides: "key=value" strings passed on as --config.key=value
-    # Every fine-tuning stage keeps the tiny model's 128k x 64 input embedding and LM head fixed (toy-scale setting:
-    # with them trainable the critic memorised its 350 pairs, held-out accuracy 0.53).
+    # Every fine-tuning stage keeps the tiny model's 128k x 64 input embedding and LM head fixed (toy-scale setting,
+    # as configs/critic_tiny.py freezes its tied embedding).
     frozen = "optim.freeze=embed,lm_head"
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_tiny.py", overrides=(
         "data.score_span=assistant", "train.epochs=2", "train.eval_every=20", frozen)))

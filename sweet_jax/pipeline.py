@@ -92,6 +92,7 @@ class Run:
     def __init__(self, cfg, python: str = sys.executable):
         self.cfg, self.python = cfg, python
         self.dir = os.path.abspath(cfg.run_dir)
+        self._servers: dict[str, tuple[subprocess.Popen, str, object]] = {}  # kept servers, by model path
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
@@ -140,7 +141,13 @@ class Run:
 
     @contextlib.contextmanager
     def served(self, stage: str, model: str):
-        """`sweet_jax.serve --model MODEL` on a free local port for the duration; yields its /v1 base URL."""
+        """`sweet_jax.serve --model MODEL` on a free local port; yields its /v1 base URL. The server stops when the
+        block ends, or with `serve.keep` it stays up (warm) for every later stage that serves the same model, until
+        `close()`: the tiny pipeline's simulator, and its initial policy, serve five evaluation stages."""
+        key = os.path.realpath(model)
+        if key in self._servers:
+            yield self._servers[key][1]
+            return
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -150,6 +157,7 @@ class Run:
         proc = subprocess.Popen([self.python, "-m", "sweet_jax.serve", "--model", model, "--port", str(port),
                                  "--max-model-len", str(self.cfg.serve.max_model_len)], cwd=ROOT, stdout=fh,
                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        kept = False
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.time() + self.cfg.serve.start_timeout_s
@@ -161,14 +169,28 @@ class Run:
                     if proc.poll() is not None or time.time() > deadline:
                         raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
                     time.sleep(0.5)
+            if self.cfg.serve.keep:
+                self._servers[key] = (proc, url + "/v1", fh)
+                kept = True
             yield url + "/v1"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            fh.close()
+            if not kept:
+                _stop(proc, fh)
+
+    def close(self) -> None:
+        """Stop the servers kept up by `serve.keep`."""
+        while self._servers:
+            proc, _, fh = self._servers.popitem()[1]
+            _stop(proc, fh)
+
+
+def _stop(proc: subprocess.Popen, fh) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    fh.close()
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -403,6 +425,14 @@ def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, unti
     last = NAMES.index(only or until or NAMES[-1])
     selected = list(STAGES[first:last + 1])
     records = {}
+    try:
+        _run_stages(run, selected, records, force)
+    finally:
+        run.close()
+    return records
+
+
+def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> None:
     for stage in selected:
         marker = _marker(run, stage)
         if not stage.enabled(run):
@@ -427,7 +457,6 @@ def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, unti
                                "seconds": round(time.time() - t0, 1), "summary": summary}
         _write_json(marker, records[stage.name])
         log.info("stage %-7s finished in %.0f s: %s", stage.name, time.time() - t0, json.dumps(summary))
-    return records
 
 
 config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)

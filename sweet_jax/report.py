@@ -196,8 +196,9 @@ def write_report(run_dir: str, out: str | None = None) -> str:
     for stage in TRAINING:
         if stage in markers and "held_out" in markers[stage]["summary"]:
             s = markers[stage]["summary"]
-            lines.append(f"| {stage} | {s['steps']} | {s['held_out'].get('accuracy', float('nan')):.3f} | "
-                         f"{s['held_out'].get('loss', float('nan')):.4f} | {s['seconds']} |")
+            acc, loss = s["held_out"].get("accuracy"), s["held_out"].get("loss")
+            lines.append(f"| {stage} | {s['steps']} | {'-' if acc is None else f'{acc:.3f}'} | "
+                         f"{'-' if loss is None else f'{loss:.4f}'} | {s['seconds']} |")
     bon = os.path.join(run_dir, "eval", "best_of_n.json")
     if os.path.exists(bon):
         lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",

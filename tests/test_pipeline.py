@@ -59,7 +59,7 @@ def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
     assert unknown.returncode == 1 and "unknown stage 'ranking'" in unknown.stderr
 
 
-SMALL = ["--config.tasks.num_train=40", "--config.tasks.num_test=4", "--config.collect.rollouts=2",
+SMALL = ["--config.tasks.num_train=120", "--config.tasks.num_test=4", "--config.collect.rollouts=3",
          "--config.test.rollouts=1", "--config.best_of_n_eval.ns=1,2", "--config.best_of_n_eval.repeats=1",
          "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.best_of_n.batch=2"]
 
@@ -107,6 +107,16 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     for name in ("init", "tasks", "pretrain", "data", "critic", "critic_no_info", "best_of_n", "sample", "rank",
                  "pairs", "policy", "test"):
         assert (run / "stages" / f"{name}.json").exists()
+    # serve.keep: collection served the initial policy once, as agent and as simulator
+    logs = {p.name for p in (run / "logs").iterdir()}
+    assert "data.serve.log" in logs and "data_simulator.serve.log" not in logs
+    cmdlines = []
+    for proc_dir in os.listdir("/proc"):
+        try:
+            cmdlines.append(open(f"/proc/{proc_dir}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        except (OSError, ValueError):
+            pass
+    assert not [c for c in cmdlines if "sweet_jax.serve" in c and str(run) in c]  # no server outlives the driver
     bon = json.loads((run / "eval" / "best_of_n.json").read_text())
     assert set(bon["success"]) == {"random", "SWEET critic", "SWEET critic, sum", "critic w/o information"}
     assert all(bon["episodes"][sel] == {"1": 4, "2": 4} for sel in bon["episodes"])
