@@ -347,22 +347,20 @@ def evaluate(args) -> dict:
     cache.close()
 
     evaluator = BackendEvaluator(semantics=args.semantics)
-    scores = {}
+    scores = {}  # (task index, answer) -> reward: the selectors often reach the same answer
     for sel, n, r, t, ep in tqdm(episodes, desc="score answers", disable=None):
-        key = (ep.answer, ep.task["ground_truth"])
-        if key not in scores:
-            scores[key] = evaluator.score(ep.answer, ep.task["ground_truth"], ep.task["test_cases"]).reward
+        if (t, ep.answer) not in scores:
+            scores[(t, ep.answer)] = evaluator.score(ep.answer, ep.task["ground_truth"], ep.task["test_cases"]).reward
     table = {k: {sel: {} for sel in selectors} for k in ("success", "tests_passed", "episodes")}
     trajectories = []
     for sel in selectors:
         for n in ns:
-            rewards = [scores[(ep.answer, ep.task["ground_truth"])] for s_, n_, _, _, ep in episodes
-                       if s_ == sel and n_ == n]
+            rewards = [scores[(t, ep.answer)] for s_, n_, _, t, ep in episodes if s_ == sel and n_ == n]
             table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
             table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
             table["episodes"][sel][str(n)] = len(rewards)
     for sel, n, r, t, ep in episodes:
-        trajectories.append({**ep.record(), "reward": scores[(ep.answer, ep.task["ground_truth"])], "selector": sel,
+        trajectories.append({**ep.record(), "reward": scores[(t, ep.answer)], "selector": sel,
                              "n": n, "repeat": r, "task_index": t})
     write_jsonl(args.output + ".trajectories.jsonl", trajectories)
     result = {**table, "tasks": len(tasks), "repeats": args.repeats, "seed": args.seed, "policy": args.policy,

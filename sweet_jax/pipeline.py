@@ -169,7 +169,7 @@ class Run:
                     if proc.poll() is not None or time.time() > deadline:
                         raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
                     time.sleep(0.5)
-            if self.cfg.serve.keep:
+            if self.cfg.serve.get("keep", False):
                 self._servers[key] = (proc, url + "/v1", fh)
                 kept = True
             yield url + "/v1"

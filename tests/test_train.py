@@ -98,6 +98,15 @@ def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.json").exists()
 
 
+def test_resuming_into_a_checkpoint_of_another_training_state_is_a_clear_error(tmp_path):
+    out = tmp_path / "run"
+    first = _run("critic_tiny.py", out, "--config.train.epochs=1", timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _run("critic_tiny.py", out, "--config.train.epochs=1", "--config.optim.freeze=", timeout=300)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"{out / 'checkpoints'}: the checkpoint at step" in again.stderr and "optim.freeze" in again.stderr
+
+
 def test_missing_model_says_what_to_download(tmp_path):
     cmd = [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", "critic_8b.py"),
            f"--config.train.output_dir={tmp_path / 'run'}", f"--config.model.hf_path={tmp_path / 'nope'}"]

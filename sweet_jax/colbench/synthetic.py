@@ -1,4 +1,8 @@
-"""SYNTHETIC collaborative backend data, for the embedded default job and the science checks. Not ColBench.
+"""SYNTHETIC collaborative backend data, for the toy-scale jobs and the science checks. Not ColBench.
+
+Two domains: the constant-only scripted data below (the critic's learning-signal check, configs/critic_tiny.py), and
+the "ask" domain further down (the science check of configs/sweet_backend_tiny.py), in which the simulated human
+tells the constant only when asked for it.
 
 Each procedurally generated task asks for a one-line function `def name(x): return x <op> C`. The dialogue can reveal
 the operation, but the constant C lives only in the hidden information (the reference code). Scripted agents ask one or

@@ -269,7 +269,7 @@ def run(cfg) -> dict:
         except ValueError as e:
             if "tree structures do not match" not in str(e):
                 raise
-            raise ValueError(f"{ckpt_dir}: the checkpoint at step {latest} holds a different training state from "
+            raise SetupError(f"{ckpt_dir}: the checkpoint at step {latest} holds a different training state from "
                              f"this config's (was optim.freeze or the model changed?). Resume with the config it was "
                              f"written with, or give a new train.output_dir.\n{e}") from None
         log.info("resumed from %s at step %d of %d", ckpt_dir, latest, total_steps)
