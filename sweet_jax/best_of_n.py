@@ -332,17 +332,17 @@ def evaluate(args) -> dict:
             if ep.step(rec["candidates"][pick]):
                 bar.update(1)
         # 3. the simulator replies (greedy, so one reply per distinct prompt)
-        waiting = [e for e in episodes if not e[4].done and e[4].history[-1]["role"] == "assistant"]
-        prompts = {render_text(ep.simulator_messages(), add_generation_prompt=True) for *_, ep in waiting}
-        todo = sorted(prompts - replies.keys())
+        waiting = [(ep, render_text(ep.simulator_messages(), add_generation_prompt=True))
+                   for *_, ep in episodes if not ep.done and ep.history[-1]["role"] == "assistant"]
+        todo = sorted({p for _, p in waiting} - replies.keys())
         for start in range(0, len(todo), args.batch * 4):
             chunk = todo[start:start + args.batch * 4]
             out = generate(sim_params, sim_cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp)
             for p, o in zip(chunk, out):
                 replies[p] = tok.decode(o[0].tokens, skip_special_tokens=True)
                 remember({"kind": "reply", "prompt": p, "reply": replies[p]})
-        for *_, ep in waiting:
-            ep.add_reply(replies[render_text(ep.simulator_messages(), add_generation_prompt=True)])
+        for ep, p in waiting:
+            ep.add_reply(replies[p])
     bar.close()
     cache.close()
 

@@ -165,6 +165,11 @@ def make_ask_task(rng: random.Random, num_constants: int = 4, task_id: str = "")
     }
 
 
+def ask_constant(task: dict) -> int:
+    """The hidden constant C of an ask task."""
+    return int(task["ground_truth"].rsplit(" ", 1)[-1])
+
+
 def ask_answer(task: dict, constant: int) -> str:
     op = task["ground_truth"].rsplit(" ", 2)[-2]
     return f"I WANT TO ANSWER:\ndef {ASK_FUNCTION}(x):\n    return x {op} {constant}"
@@ -172,7 +177,7 @@ def ask_answer(task: dict, constant: int) -> str:
 
 def ask_reply(task: dict, question: str) -> str:
     """The simulated human's rule: the constant for the right question, a non-answer otherwise."""
-    c = int(task["ground_truth"].rsplit(" ", 1)[-1])
+    c = ask_constant(task)
     return f"It should use {c}." if question == GOOD_QUESTION else NON_ANSWER
 
 
@@ -205,7 +210,7 @@ def ask_rollout(task: dict, rng: random.Random, p_good: float, p_vague: float) -
         ep.step(question)
         ep.add_reply(ask_reply(task, question))
         if question == GOOD_QUESTION:
-            told = int(task["ground_truth"].rsplit(" ", 1)[-1])
+            told = ask_constant(task)
     ep.step(ask_answer(task, told if told is not None else rng.choice(task["constants"])))
     score = score_answer(ep.answer, task["ground_truth"], task["test_cases"])
     return {**ep.record(), "reward": score.reward}
@@ -226,7 +231,7 @@ def told_example(task: dict) -> dict:
     ep = BackendEpisode(task, max_steps=ASK_MAX_STEPS)
     ep.step(GOOD_QUESTION)
     ep.add_reply(ask_reply(task, GOOD_QUESTION))
-    ep.step(ask_answer(task, int(task["ground_truth"].rsplit(" ", 1)[-1])))
+    ep.step(ask_answer(task, ask_constant(task)))
     return {**ep.record(), "reward": 1.0}
 
 
