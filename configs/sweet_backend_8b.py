@@ -32,7 +32,11 @@ def get_config():
     c.test = ml_collections.ConfigDict(dict(rollouts=1))
     # keep=False: the servers free the accelerators for the training stages in between
     c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, start_timeout_s=1800, keep=False))
+    c.jobs = 1  # one stage at a time: each takes all the accelerators
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=()))
+    c.critic_no_info = ml_collections.ConfigDict(dict(overrides=("data.with_info=False",)))
+    c.critic_head = ml_collections.ConfigDict(dict(overrides=("objective=reward",)))
+    c.critic_value = ml_collections.ConfigDict(dict(overrides=("objective=value", "data.kind=turn_values")))
     c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,32", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=1024, batch=4))
     c.rank = ml_collections.ConfigDict(dict(reference="sampler", use_sum=False, no_info=False, no_header=False))

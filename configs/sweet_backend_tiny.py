@@ -47,12 +47,21 @@ def get_config():
     # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
     # simulator, so one warm server plays both parts in the five collection and evaluation stages)
     c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, start_timeout_s=300, keep=True))
+    # JAX's persistent compilation cache in RUN/jax_cache, shared by every stage's job and server
+    c.compile_cache = True
+    # two stages at a time where they do not depend on each other: a tiny-model job keeps about 1.5 of 2 cores busy
+    c.jobs = 2
     # overrides: "key=value" strings passed on as --config.key=value
     # Every fine-tuning stage keeps the tiny model's 128k x 64 input embedding and LM head fixed (toy-scale setting,
     # as configs/critic_tiny.py freezes its tied embedding).
     frozen = "optim.freeze=embed,lm_head"
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_tiny.py", overrides=(
         "data.score_span=assistant", "train.epochs=2", "train.eval_every=20", frozen)))
+    # The critic ablations: the critic's recipe and overrides, then these. A score-head model has no LM head to freeze.
+    c.critic_no_info = ml_collections.ConfigDict(dict(overrides=("data.with_info=False",)))
+    c.critic_head = ml_collections.ConfigDict(dict(overrides=("objective=reward", "optim.freeze=embed")))
+    c.critic_value = ml_collections.ConfigDict(dict(overrides=(
+        "objective=value", "data.kind=turn_values", "optim.freeze=embed", "train.epochs=1")))
     c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,16", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=32, batch=8))
     # no_header: the judge scores the candidate alone, not the turn's 4 assistant-header tokens with it. Pre-training

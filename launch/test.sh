@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh || exit $?
 VENV=${SWEET_JAX_VENV:-.venv}
-"$VENV/bin/python" -m pytest -ra "$@"
+"$VENV/bin/python" -m pytest -ra --durations=15 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests for this selection"

@@ -3,7 +3,8 @@ critic, draw preference pairs. The files use the official intermediate layouts (
 
     python -m sweet_jax.best_of_n sample --model POLICY --input TRAJ.jsonl --output SAMPLED.jsonl [--data-fraction 0.1]
     python -m sweet_jax.best_of_n rank --critic CRITIC --input SAMPLED.jsonl --output RANKED.jsonl \\
-        [--reference sampler|model] [--reference-model REF] [--no-info] [--use-sum] [--no-header]
+        [--kind critic|head|value|llm] [--reference sampler|model] [--reference-model REF] [--no-info] [--use-sum]
+        [--no-header]
     python -m sweet_jax.best_of_n pairs --input RANKED.jsonl --output PAIRS.jsonl [--num-pairs 4] [--no-prompt]
     python -m sweet_jax.best_of_n evaluate --policy POLICY --simulator SIM --tasks TEST_TASKS.jsonl \
         --output BEST_OF_N.json --judge sweet=CRITIC [--judge no_info=CRITIC2:no-info] [--ns 1,2,4,8,16]
@@ -19,11 +20,12 @@ critic, draw preference pairs. The files use the official intermediate layouts (
   - "model" (the paper's Eq. 3): a frozen reference critic that sees the same text.
 
   `--use-sum` compares sums instead; `--no-info` drops the ground-truth prefix (the "w/o training-time information"
-  ablation).
+  ablation). `--kind` ranks with one of the other judges of `sweet_jax.judges` instead: a regression-head critic, a
+  value function, or an LLM as judge.
 - pairs: per state, `num_pairs` random draws of one candidate from the top half and one from the bottom half of the
   judge ranking (seed 42); strings as the official script writes them.
-- evaluate: best-of-N selection on held-out tasks with a fixed policy (the paper's Figure 3a), for each critic given
-  and for random choice; see `evaluate`.
+- evaluate: best-of-N selection on held-out tasks with a fixed policy (the paper's Figure 3a), for each judge given
+  (any kind) and for random choice; see `evaluate`.
 
 sample and rank append finished records to OUT.partial and resume from it after a kill; OUT appears atomically.
 """
@@ -35,9 +37,7 @@ import json
 import os
 import sys
 
-HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"
-EOT = "<|eot_id|>"
-HEADER_TOKENS = 4
+from sweet_jax.judges import EOT
 
 
 def states_of(path: str, data_fraction: float) -> list[dict]:
@@ -134,68 +134,19 @@ def _read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
     return records
 
 
-class Judge:
-    """Scores a state's candidates with a critic (spec step 4): judge = critic mean - reference mean over the turn's
-    assistant header and the candidate, after the ground-truth prefix (none with `no_info`). `reference_model`: a
-    frozen reference critic (the paper's Eq. 3); None: the sampler's stored log-probs (the official code's).
-    `use_sum` compares sums instead of means. One KV cache of the state's history serves all its candidates."""
-
-    def __init__(self, critic: str, *, no_info: bool = False, use_sum: bool = False, no_header: bool = False,
-                 reference_model: str | None = None, tokenizer: str | None = None, dtype: str = "float32"):
-        from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
-        from sweet_jax.checkpoint import load_model
-        from sweet_jax.data.trajectories import DataError
-        from sweet_jax.models.llama import unstack_layers
-
-        self.cfg, critic_params, tok_dir = load_model(critic, dtype)
-        self.critic = unstack_layers(critic_params)  # the inference layout, once
-        self.ref = None
-        if reference_model:
-            ref_cfg, ref, _ = load_model(reference_model, dtype)
-            if ref_cfg.vocab_size != self.cfg.vocab_size:
-                raise DataError("the reference model's vocabulary differs from the critic's")
-            self.ref = unstack_layers(ref)
-        self.tok = load_tokenizer(tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
-        self.header = self.tok.encode(HEADER, add_special_tokens=False)
-        self.no_info, self.use_sum, self.no_header = no_info, use_sum, no_header
-
-    def __call__(self, prompt: str, ground_truth: str, candidates: list[str], sampler_mean: list[float],
-                 sampler_sum: list[float], where: str = "") -> list[float]:
-        import numpy as np
-
-        from sweet_jax.data.examples import INFO_TEMPLATE
-        from sweet_jax.data.trajectories import DataError
-        from sweet_jax.prefix_scoring import continuation_logprobs
-
-        text = ("" if self.no_info else INFO_TEMPLATE.format(info=ground_truth)) + prompt
-        ids = self.tok.encode(text, add_special_tokens=False)
-        if ids[-HEADER_TOKENS:] != self.header:
-            raise DataError(f"{where}: field 'input': does not end with the assistant header {HEADER!r}")
-        cands = [self.tok.encode(c, add_special_tokens=False) or [self.tok.convert_tokens_to_ids(EOT)]
-                 for c in candidates]
-        prefix, head = (ids[:-HEADER_TOKENS], self.header) if not self.no_header else (ids, [])
-        spans = [head + c for c in cands]
-        reduce = np.sum if self.use_sum else np.mean
-        score = [float(reduce(lp)) for lp in continuation_logprobs(self.critic, self.cfg, prefix, spans)]
-        if self.ref is not None:
-            base = [float(reduce(lp)) for lp in continuation_logprobs(self.ref, self.cfg, prefix, spans)]
-        else:
-            base = sampler_sum if self.use_sum else sampler_mean
-        return [s - b for s, b in zip(score, base)]
-
-
 def rank(args) -> dict:
     from tqdm.auto import tqdm
 
     from sweet_jax.colbench.jsonl import append_scored
     from sweet_jax.data.trajectories import DataError
+    from sweet_jax.judges import Judge
 
     required = ("input", "ground_truth", "additional_outputs", "additional_reference_logprobs",
                 "additional_reference_logprobs_sum")
     records = _read_jsonl(args.input, required)
     if args.reference == "model" and not args.reference_model:
         raise DataError("--reference model needs --reference-model (the frozen reference critic)")
-    judge = Judge(args.critic, no_info=args.no_info, use_sum=args.use_sum, no_header=args.no_header,
+    judge = Judge(args.critic, kind=args.kind, no_info=args.no_info, use_sum=args.use_sum, no_header=args.no_header,
                   reference_model=args.reference_model if args.reference == "model" else None,
                   tokenizer=args.tokenizer, dtype=args.dtype)
     partial, done = _resumable(args.output)
@@ -213,22 +164,28 @@ def rank(args) -> dict:
     return {"states": len(records)}
 
 
+JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]"
+
+
 def _parse_judges(specs: list[str]) -> dict[str, dict]:
-    """--judge NAME=DIR[:no-info][:sum][:no-header] -> {NAME: Judge keyword arguments}."""
+    """--judge NAME=DIR[:head|:value|:llm][:no-info][:sum][:no-header] -> {NAME: Judge keyword arguments}. The kind
+    is "critic" unless one of head, value, llm is given (see `sweet_jax.judges`)."""
     from sweet_jax.data.trajectories import DataError
 
     judges = {}
     for spec in specs:
         name, eq, rest = spec.partition("=")
         if not eq or not name or not rest:
-            raise DataError(f"--judge {spec!r}: expected NAME=CRITIC_DIR[:no-info][:sum][:no-header]")
+            raise DataError(f"--judge {spec!r}: expected {JUDGE_SPEC}")
         path, *opts = rest.split(":")
-        unknown = sorted(set(opts) - {"no-info", "sum", "no-header"})
-        if unknown or name == "random" or name in judges:
+        kinds = [o for o in opts if o in ("head", "value", "llm")]
+        unknown = sorted(set(opts) - {"no-info", "sum", "no-header", "head", "value", "llm"})
+        if unknown or len(kinds) > 1 or name == "random" or name in judges:
             raise DataError(f"--judge {spec!r}: unknown options {unknown}" if unknown else
+                            f"--judge {spec!r}: more than one kind {kinds}" if len(kinds) > 1 else
                             f"--judge {spec!r}: the name {name!r} is taken")
-        judges[name] = dict(critic=path, no_info="no-info" in opts, use_sum="sum" in opts,
-                            no_header="no-header" in opts)
+        judges[name] = dict(model=path, kind=kinds[0] if kinds else "critic", no_info="no-info" in opts,
+                            use_sum="sum" in opts, no_header="no-header" in opts)
     return judges
 
 
@@ -254,6 +211,7 @@ def evaluate(args) -> dict:
     from sweet_jax.colbench.jsonl import write_jsonl
     from sweet_jax.data.trajectories import DataError
     from sweet_jax.generate import SamplingParams, generate
+    from sweet_jax.judges import Judge
     from sweet_jax.models.llama import unstack_layers
 
     tasks = _read_jsonl(args.tasks, ("problem_description", "ground_truth", "test_cases"))
@@ -401,7 +359,10 @@ def main(argv=None) -> int:
     s.add_argument("--batch", type=int, default=4, help="states per generate call")
     s.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("rank")
-    r.add_argument("--critic", required=True)
+    r.add_argument("--critic", required=True, help="the judge's model (see --kind)")
+    r.add_argument("--kind", choices=("critic", "head", "value", "llm"), default="critic",
+                   help="critic: the SWEET critic (default); head / value: a regression-head critic / a value "
+                        "function (score-head models); llm: an instruct model asked whether each candidate is good")
     r.add_argument("--input", required=True)
     r.add_argument("--output", required=True)
     r.add_argument("--reference", choices=("sampler", "model"), default="sampler")
@@ -421,7 +382,7 @@ def main(argv=None) -> int:
     e.add_argument("--tasks", required=True, help="held-out backend tasks (JSONL)")
     e.add_argument("--output", required=True, help="the results, JSON")
     e.add_argument("--judge", action="append", default=[],
-                   help="NAME=CRITIC_DIR[:no-info][:sum][:no-header], repeatable (the options as in rank)")
+                   help=f"{JUDGE_SPEC}, repeatable (the kind and options as in rank)")
     e.add_argument("--ns", default="1,2,4,8,16")
     e.add_argument("--repeats", type=int, default=1, help="independent draws of every task")
     e.add_argument("--limit", type=int, default=0, help="the first N tasks; 0: all")

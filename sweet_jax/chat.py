@@ -109,6 +109,16 @@ def render_text(messages: Sequence[Mapping[str, str]], *, add_generation_prompt:
     return _render_blocks(_blocks(messages, _date_preamble() if date_header else ""), add_generation_prompt, add_bos)
 
 
+def parse_text(text: str) -> list[dict]:
+    """The messages of a rendered chat string (`render_text`'s inverse, as far as it goes: contents come back trimmed,
+    and the date preamble stays in the system message). A trailing generation prompt is dropped."""
+    import re
+
+    found = re.findall(re.escape(START_HEADER) + r"(\w+)" + re.escape(END_HEADER) + r"\n\n(.*?)" + re.escape(EOT),
+                       text, flags=re.S)
+    return [{"role": role, "content": content} for role, content in found]
+
+
 class Llama31ChatFormat:
     """Renders message lists ({"role", "content"}) in the Llama-3.1 chat format for one tokenizer."""
 

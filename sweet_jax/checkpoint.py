@@ -64,7 +64,7 @@ def load_model(path: str, dtype: str = "float32"):
 
         with open(os.path.join(path, "config.json")) as fh:
             run = ml_collections.ConfigDict(json.load(fh))
-        cfg = model_config(run.model).replace(compute_dtype=dtype)
+        cfg = model_config(run.model, run.get("objective", "")).replace(compute_dtype=dtype)
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
         step = manager.latest_step()
         if step is None:

@@ -11,10 +11,12 @@ Stages, in order, each writing into the run directory (`run_dir`):
               both served over the OpenAI API, or (`data.source = "synthetic"`) SYNTHETIC scripted collaborations
     critic    the SWEET critic: Bradley-Terry on the ground-truth trajectory pairs, with the reference solution
               (`sweet_jax.train`; the pairs are formed from the trajectories as in spec step 1)
-    critic_no_info, best_of_n
-              (best_of_n_eval.enabled) the critic ablation trained without the information, and the best-of-N
-              evaluation of the paper's Figure 3a on the test tasks: the initial policy fixed, candidates chosen by
-              the SWEET critic, the same critic ranking sums, the critic without information, or at random
+    critic_no_info, critic_head, critic_value, best_of_n
+              (best_of_n_eval.enabled) the critic ablations (spec section 5), each from the critic's recipe: without
+              the information; a regression head on the mean token value ("reward" objective); a value function
+              (success classifier on every turn, "value" objective). Then the best-of-N evaluation of the paper's
+              Figure 3a on the test tasks: the initial policy fixed, candidates chosen by the SWEET critic, the
+              same critic ranking sums, each ablation critic, the initial policy as LLM-as-judge, or at random
     sample    16 candidates per assistant turn of the first `data_fraction` of the trajectories (step 3)
     rank      critic advantages on one shared-prefix cache per turn (step 4)
     pairs     top-half vs bottom-half preference pairs, official layout (step 5)
@@ -35,10 +37,14 @@ Stages, in order, each writing into the run directory (`run_dir`):
   partial files).
 - Every stage runs as a child process (`python -m sweet_jax.<job>`) with its log in `RUN/logs/NAME.log`, so the
   commands are the ones a user would type, and a stage's memory is freed when it ends.
+- `jobs` > 1 runs independent stages at the same time (each stage names the stages it comes `after`): after `data`,
+  the critics, the baselines and the sampling do not wait for one another. On a CPU whose jobs leave cores idle
+  (the tiny config) this shortens the run; on accelerators keep 1 unless the stages fit side by side.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -47,6 +53,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -61,16 +68,20 @@ log = logging.getLogger("sweet_jax.pipeline")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+try:  # resolved once here: a child runs `_die_with_parent` between fork and exec, where it must not import
+    import ctypes
+    import signal
+
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
     """In a child process (Linux): be sent SIGTERM when the driver dies, even by SIGKILL, so no server or job
     outlives a killed pipeline."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class StageError(RuntimeError):
@@ -83,6 +94,7 @@ class Stage:
     inputs: tuple[str, ...]  # run-directory paths that must exist first
     outputs: tuple[str, ...]  # run-directory paths the stage leaves
     run: Callable[["Run"], dict]
+    after: tuple[str, ...] = ()  # the stages whose results it uses: with `jobs` > 1 it starts once they are done
     enabled: Callable[["Run"], bool] = lambda run: True  # a stage the config leaves out is passed over
 
 
@@ -93,6 +105,15 @@ class Run:
         self.cfg, self.python = cfg, python
         self.dir = os.path.abspath(cfg.run_dir)
         self._servers: dict[str, tuple[subprocess.Popen, str, object]] = {}  # kept servers, by model path
+        self._lock = threading.Lock()
+        self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
+        # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
+        # RUN/jax_cache: the stages that compile the same programs (the critic ablations, the servers and samplers of
+        # one architecture) compile them once. A JAX_COMPILATION_CACHE_DIR already set wins.
+        self.env = dict(os.environ)
+        if cfg.get("compile_cache", True):
+            self.env.setdefault("JAX_COMPILATION_CACHE_DIR", self.path("jax_cache"))
+            self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
@@ -132,7 +153,8 @@ class Run:
         with open(logfile, "a") as fh:
             fh.write(f"\n$ {' '.join(cmd)}\n")
             fh.flush()
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                  env=self.env)
         if proc.returncode:
             with open(logfile) as fh:
                 tail = fh.read()[-2000:]
@@ -143,11 +165,25 @@ class Run:
     def served(self, stage: str, model: str):
         """`sweet_jax.serve --model MODEL` on a free local port; yields its /v1 base URL. The server stops when the
         block ends, or with `serve.keep` it stays up (warm) for every later stage that serves the same model, until
-        `close()`: the tiny pipeline's simulator, and its initial policy, serve five evaluation stages."""
-        key = os.path.realpath(model)
-        if key in self._servers:
-            yield self._servers[key][1]
+        `close()`: the tiny pipeline's simulator, and its initial policy, serve five evaluation stages. Stages
+        running at the same time share a kept server; the first to need it starts it."""
+        if not self.cfg.serve.get("keep", False):
+            proc, url, fh = self._start_server(stage, model)
+            try:
+                yield url
+            finally:
+                _stop(proc, fh)
             return
+        key = os.path.realpath(model)
+        with self._lock:
+            lock = self._starting.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._servers:
+                self._servers[key] = self._start_server(stage, model)
+        yield self._servers[key][1]
+
+    def _start_server(self, stage: str, model: str) -> tuple[subprocess.Popen, str, object]:
+        """(process, /v1 URL, log file) of a server that answers /health."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -156,26 +192,18 @@ class Run:
         fh = open(logfile, "a")
         proc = subprocess.Popen([self.python, "-m", "sweet_jax.serve", "--model", model, "--port", str(port),
                                  "--max-model-len", str(self.cfg.serve.max_model_len)], cwd=ROOT, stdout=fh,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-        kept = False
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.time() + self.cfg.serve.start_timeout_s
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2)
-                    break
-                except (urllib.error.URLError, ConnectionError):
-                    if proc.poll() is not None or time.time() > deadline:
-                        raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
-                    time.sleep(0.5)
-            if self.cfg.serve.get("keep", False):
-                self._servers[key] = (proc, url + "/v1", fh)
-                kept = True
-            yield url + "/v1"
-        finally:
-            if not kept:
-                _stop(proc, fh)
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=self.env)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + self.cfg.serve.start_timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                return proc, url + "/v1", fh
+            except (urllib.error.URLError, ConnectionError):
+                if proc.poll() is not None or time.time() > deadline:
+                    _stop(proc, fh)
+                    raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
+                time.sleep(0.5)
 
     def close(self) -> None:
         """Stop the servers kept up by `serve.keep`."""
@@ -283,10 +311,12 @@ def stage_critic(run: Run) -> dict:
                   run.cfg.critic.overrides)
 
 
-def stage_critic_no_info(run: Run) -> dict:
-    """The "w/o training-time information" ablation: the same critic recipe on the pairs without the prefix."""
-    return _train(run, "critic_no_info", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
-                  (*run.cfg.critic.overrides, "data.with_info=False"))
+def _ablation(stage: str):
+    """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`)."""
+    def run_stage(run: Run) -> dict:
+        return _train(run, stage, run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+                      (*run.cfg.critic.overrides, *run.cfg[stage].overrides))
+    return run_stage
 
 
 def stage_sample(run: Run) -> dict:
@@ -328,7 +358,8 @@ def _test(run: Run, stage: str, model: str) -> dict:
 
 def stage_best_of_n(run: Run) -> dict:
     """Figure 3a: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET critic, the same
-    critic ranking with sums, the critic trained without the information, and random choice."""
+    critic ranking with sums, the critic trained without the information, the regression-head critic, the value
+    function, the initial policy as LLM-as-judge (with the information), and random choice."""
     e = run.cfg.best_of_n_eval
     opt = ":no-header" if run.cfg.rank.no_header else ""  # the judges score as the rank stage does
     run.job("best_of_n", "best_of_n", "evaluate", "--policy", run.policy_init, "--simulator", run.simulator,
@@ -338,7 +369,10 @@ def stage_best_of_n(run: Run) -> dict:
             "--simulator-max-tokens", str(run.cfg.collect.simulator_max_tokens), "--seed", str(e.seed),
             "--judge", f"SWEET critic={run.path('critic', 'hf')}{opt}",
             "--judge", f"SWEET critic, sum={run.path('critic', 'hf')}:sum{opt}",
-            "--judge", f"critic w/o information={run.path('critic_no_info', 'hf')}:no-info{opt}")
+            "--judge", f"critic w/o information={run.path('critic_no_info', 'hf')}:no-info{opt}",
+            "--judge", f"regression head={run.path('critic_head', 'hf')}:head",
+            "--judge", f"value function={run.path('critic_value', 'hf')}:value",
+            "--judge", f"LLM judge={run.policy_init}:llm")
     with open(run.path("eval", "best_of_n.json")) as fh:
         return {"success": json.load(fh)["success"]}
 
@@ -366,34 +400,37 @@ def _best_of_n_eval(run: Run) -> bool:
     return bool(run.cfg.best_of_n_eval.enabled)
 
 
+ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
 STAGES = (
     Stage("init", (), (), stage_init),
     Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
           enabled=lambda run: run.generated_tasks),
-    Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain,
+    Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain, after=("init", "tasks"),
           enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init),
-    Stage("data", (), ("data/train_trajectories.jsonl",), stage_data),
-    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic),
-    Stage("critic_no_info", ("data/train_trajectories.jsonl",), ("critic_no_info/hf",), stage_critic_no_info,
-          enabled=_best_of_n_eval),
-    Stage("best_of_n", ("critic/hf", "critic_no_info/hf"), ("eval/best_of_n.json",), stage_best_of_n,
-          enabled=_best_of_n_eval),
-    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample),
-    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank),
-    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs),
-    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy),
-    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test),
+    # every later stage uses the initial policy and the tasks, which `data` itself waits for
+    Stage("data", (), ("data/train_trajectories.jsonl",), stage_data, after=("init", "tasks", "pretrain")),
+    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data",)),
+    # critic ablations (spec section 5) and the best-of-N evaluation (Figure 3a)
+    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data",),
+            enabled=_best_of_n_eval) for name in ABLATIONS),
+    Stage("best_of_n", ("critic/hf", *(f"{name}/hf" for name in ABLATIONS)), ("eval/best_of_n.json",),
+          stage_best_of_n, after=("critic", *ABLATIONS), enabled=_best_of_n_eval),
+    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
+    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
+    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
+    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
+    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
     # baselines (spec section 5): the initial policy as it is, rejection fine-tuning and multi-turn DPO
     Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
-          lambda run: _test(run, "test_zero_shot", run.policy_init)),
-    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft),
+          lambda run: _test(run, "test_zero_shot", run.policy_init), after=("data",)),
+    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
     Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
-          lambda run: _test(run, "test_rft", run.path("rft", "hf"))),
-    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo),
+          lambda run: _test(run, "test_rft", run.path("rft", "hf")), after=("rft",)),
+    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data",)),
     Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
-          lambda run: _test(run, "test_mtdpo", run.path("mtdpo", "hf"))),
-    Stage("report", (), ("report/report.md",), stage_report),
+          lambda run: _test(run, "test_mtdpo", run.path("mtdpo", "hf")), after=("mtdpo",)),
 )
+STAGES += (Stage("report", (), ("report/report.md",), stage_report, after=tuple(s.name for s in STAGES)),)
 NAMES = tuple(s.name for s in STAGES)
 
 
@@ -433,39 +470,75 @@ def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, unti
 
 
 def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> None:
+    """Run the selected stages that are neither finished nor left out. With `jobs` = 1 (the default) they run one
+    after another in order; with more, up to `jobs` at a time, each starting, in order, once the selected stages it
+    comes `after` are done. A failed stage lets the running ones finish, starts nothing new, and is raised."""
+    pending = []
     for stage in selected:
         marker = _marker(run, stage)
         if not stage.enabled(run):
             log.info("stage %-7s not in this config; passed over", stage.name)
-            continue
-        if os.path.exists(marker) and not force:
+        elif os.path.exists(marker) and not force:
             with open(marker) as fh:
                 records[stage.name] = json.load(fh)
             log.info("stage %-7s done earlier (%s); skipped", stage.name, marker)
-            continue
-        missing = [p for p in stage.inputs if not os.path.exists(run.path(p))]
-        if missing:
-            raise StageError(f"stage '{stage.name}' needs {', '.join(run.path(p) for p in missing)}: run the earlier "
-                             f"stages first")
-        log.info("stage %-7s running", stage.name)
-        t0 = time.time()
-        summary = stage.run(run)
-        absent = [p for p in stage.outputs if not os.path.exists(run.path(p))]
-        if absent:
-            raise StageError(f"stage '{stage.name}' finished without {', '.join(absent)}")
-        records[stage.name] = {"stage": stage.name, "outputs": [run.path(p) for p in stage.outputs],
-                               "seconds": round(time.time() - t0, 1), "summary": summary}
-        _write_json(marker, records[stage.name])
-        log.info("stage %-7s finished in %.0f s: %s", stage.name, time.time() - t0, json.dumps(summary))
+        else:
+            pending.append(stage)
+    jobs = max(1, int(run.cfg.get("jobs", 1)))
+    waiting_on = {s.name for s in pending}
+    running: dict[concurrent.futures.Future, Stage] = {}
+    error = None
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for stage in list(pending):
+                if error is not None or len(running) >= jobs:
+                    break
+                if waiting_on.isdisjoint(stage.after):
+                    pending.remove(stage)
+                    running[pool.submit(_run_stage, run, stage)] = stage
+            if not running:
+                break  # a failure stopped the rest
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                stage = running.pop(future)
+                try:
+                    records[stage.name] = future.result()
+                    waiting_on.discard(stage.name)
+                except Exception as e:  # noqa: BLE001 - re-raised once the running stages have finished
+                    error = error or e
+    if error is not None:
+        raise error
 
 
-config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)
-flags.DEFINE_string("stage", None, f"run only this stage ({', '.join(NAMES)})")
-flags.DEFINE_string("from", None, "start at this stage")
-flags.DEFINE_string("until", None, "stop after this stage")
-flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished (e.g. --from sample --force "
-                                  "after changing the sampler; the jobs still resume from their partial files)")
+def _run_stage(run: Run, stage: Stage) -> dict:
+    missing = [p for p in stage.inputs if not os.path.exists(run.path(p))]
+    if missing:
+        raise StageError(f"stage '{stage.name}' needs {', '.join(run.path(p) for p in missing)}: run the earlier "
+                         f"stages first")
+    log.info("stage %-7s running", stage.name)
+    t0 = time.time()
+    summary = stage.run(run)
+    absent = [p for p in stage.outputs if not os.path.exists(run.path(p))]
+    if absent:
+        raise StageError(f"stage '{stage.name}' finished without {', '.join(absent)}")
+    record = {"stage": stage.name, "outputs": [run.path(p) for p in stage.outputs],
+              "seconds": round(time.time() - t0, 1), "summary": summary}
+    _write_json(_marker(run, stage), record)
+    log.info("stage %-7s finished in %.0f s: %s", stage.name, time.time() - t0, json.dumps(summary))
+    return record
+
+
 FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """The command line's flags, defined only when run as a program (importing the module defines none)."""
+    config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)
+    flags.DEFINE_string("stage", None, f"run only this stage ({', '.join(NAMES)})")
+    flags.DEFINE_string("from", None, "start at this stage")
+    flags.DEFINE_string("until", None, "stop after this stage")
+    flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished (e.g. --from sample --force "
+                                      "after changing the sampler; the jobs still resume from their partial files)")
 
 
 def main(argv):
@@ -486,4 +559,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main, flags_parser=parse_flags)

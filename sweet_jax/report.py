@@ -23,7 +23,7 @@ import sys
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
            "test": "SWEET-RL"}
-TRAINING = ("pretrain", "critic", "critic_no_info", "policy", "rft", "mtdpo")
+TRAINING = ("pretrain", "critic", "critic_no_info", "critic_head", "critic_value", "policy", "rft", "mtdpo")
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -161,6 +161,18 @@ def best_of_n_table(path: str) -> list[str]:
     return lines
 
 
+def _first_turns(path: str, keep=lambda rec: True) -> float | None:
+    """The fraction of the trajectories in `path` (those `keep` selects) that open with the ask domain's good
+    question; None without the file."""
+    from sweet_jax.colbench.synthetic import opens_with_good_question
+
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        recs = [r for r in map(json.loads, filter(str.strip, fh)) if keep(r)]
+    return sum(map(opens_with_good_question, recs)) / len(recs) if recs else None
+
+
 def write_report(run_dir: str, out: str | None = None) -> str:
     run_dir = os.path.abspath(run_dir)
     markers = _markers(run_dir)
@@ -180,15 +192,22 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
                   "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
                   "benchmark.", ""]
+    ask = "ask domain" in str(data.get("source", ""))
+    extra = " opens with the good question |" if ask else ""
     lines += ["## Results on the test tasks", "",
-              "| method | % tests passed | success rate | 95% CI (success) | trajectories |", "|---|---|---|---|---|"]
+              "| method | % tests passed | success rate | 95% CI (success) | trajectories |" + extra,
+              "|---|---|---|---|---|" + "---|" * ask]
     evaluated = [(stage, name) for stage, name in METHODS.items() if stage in markers]
     for stage, name in evaluated:
         s = markers[stage]["summary"]
         n, k = s["trajectories"], round(s["success"] * s["trajectories"])
         lo, hi = wilson(k, n)
+        cell = ""
+        if ask:  # the first turn decides an ask-domain episode: how often the policy opens with the right question
+            good = _first_turns(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))
+            cell = " - |" if good is None else f" {100 * good:.0f}% |"
         lines.append(f"| {name} | {100 * s['tests_passed']:.1f} | {100 * s['success']:.1f} | "
-                     f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |")
+                     f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |" + cell)
     if not evaluated:
         lines.append("| (no evaluation stage has finished) | | | | |")
     lines += ["", "## Training", "", "| stage | steps | held-out accuracy | held-out loss | seconds |",
@@ -204,6 +223,15 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
                   "Success rate (%) with the initial policy fixed, choosing among N candidates per turn; 95% Wilson "
                   "interval in brackets.", ""] + best_of_n_table(bon)
+        if ask:
+            curves, _ = read_best_of_n(bon)
+            n_max = max((n for points in curves.values() for n in points), key=int)
+            cells = []
+            for sel in curves:
+                good = _first_turns(bon + ".trajectories.jsonl",
+                                    lambda r, sel=sel: r["selector"] == sel and str(r["n"]) == n_max)
+                cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
+            lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
     lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
     if not any(p.endswith("best_of_n.png") for p in plots):
         lines += ["", "No best-of-N evaluation in this run (`eval/best_of_n.json`), so no Figure 3a curve."]

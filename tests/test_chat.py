@@ -160,3 +160,16 @@ def test_segment_recovers_render_from_token_ids(tok, gen):
     # The official mask adds exactly the "\n\n" token (id 271) after each assistant header.
     extra = seg.official_assistant_mask & ~seg.assistant_mask
     assert extra.sum() == 2 + int(gen) and (seg.tokens[extra] == 271).all()
+
+
+def test_parse_text_inverts_render_text():
+    from sweet_jax.chat import parse_text, render_text
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\n\nb"},
+                {"role": "assistant", "content": "Which number?"}, {"role": "user", "content": "7"}]
+    for date_header in (False, True):
+        text = render_text(messages, add_generation_prompt=True, date_header=date_header)
+        parsed = parse_text(text)
+        assert [m["role"] for m in parsed] == [m["role"] for m in messages]
+        assert [m["content"] for m in parsed[1:]] == [m["content"] for m in messages[1:]]
+        assert parsed[0]["content"].endswith("Be brief.")

@@ -86,14 +86,18 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run / "stages" / "sample.json").exists()
-    before = {p: (run / p).stat().st_mtime_ns for p in ("stages/critic.json", "critic/metrics.json",
-                                                        "data/train_trajectories.jsonl")}
+    # what had finished when the kill came (with jobs=2 the critics may still have been training beside the sampler)
+    finished = sorted(p.stem for p in (run / "stages").glob("*.json"))
+    assert {"init", "tasks", "pretrain", "data"} <= set(finished)
+    before = {p: (run / p).stat().st_mtime_ns for p in ["data/train_trajectories.jsonl"]
+              + [f"stages/{n}.json" for n in finished]}
     kept = partial.read_text().count("\n")
 
     done = _pipeline(run, *SMALL, "--until", "test")
     assert done.returncode == 0, done.stderr[-3000:]
     assert {p: (run / p).stat().st_mtime_ns for p in before} == before  # nothing redone
-    assert "stage critic  done earlier" in done.stderr
+    for name in finished:
+        assert f"stage {name:<7s} done earlier" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     from sweet_jax.best_of_n import states_of
 
@@ -104,8 +108,8 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     assert all(len(r["additional_outputs"]) == 4 for r in sampled)
     assert summary["pairs"]["pairs"] == 4 * len(sampled)
     assert summary["test"]["trajectories"] == 4
-    for name in ("init", "tasks", "pretrain", "data", "critic", "critic_no_info", "best_of_n", "sample", "rank",
-                 "pairs", "policy", "test"):
+    for name in ("init", "tasks", "pretrain", "data", "critic", "critic_no_info", "critic_head", "critic_value",
+                 "best_of_n", "sample", "rank", "pairs", "policy", "test"):
         assert (run / "stages" / f"{name}.json").exists()
     # serve.keep: collection served the initial policy once, as agent and as simulator
     logs = {p.name for p in (run / "logs").iterdir()}
@@ -118,5 +122,66 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
             pass
     assert not [c for c in cmdlines if "sweet_jax.serve" in c and str(run) in c]  # no server outlives the driver
     bon = json.loads((run / "eval" / "best_of_n.json").read_text())
-    assert set(bon["success"]) == {"random", "SWEET critic", "SWEET critic, sum", "critic w/o information"}
+    assert set(bon["success"]) == {"random", "SWEET critic", "SWEET critic, sum", "critic w/o information",
+                                   "regression head", "value function", "LLM judge"}
+    from sweet_jax.checkpoint import load_model
+
+    for name, objective in (("critic_head", "reward"), ("critic_value", "value")):
+        assert json.loads((run / name / "config.json").read_text())["objective"] == objective
+        assert load_model(str(run / name / "hf"))[0].score_head
     assert all(bon["episodes"][sel] == {"1": 4, "2": 4} for sel in bon["episodes"])
+
+
+def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the_rest(tmp_path):
+    """The scheduler alone, on stand-in stages: with jobs=2 independent stages overlap, a stage starts only after
+    the ones it comes after have finished, every finished stage leaves its marker, and a failure lets the running
+    stage finish, starts nothing new, and is raised."""
+    import threading
+    import time
+
+    import ml_collections
+
+    from sweet_jax import pipeline
+
+    spans, lock = {}, threading.Lock()
+
+    def work(name, seconds, fail=False):
+        def run(run_):
+            t0 = time.time()
+            time.sleep(seconds)
+            with lock:
+                spans[name] = (t0, time.time())
+            if fail:
+                raise pipeline.StageError(f"stage '{name}' failed")
+            return {"name": name}
+        return run
+
+    def stages(fail_b=False):
+        return [pipeline.Stage("a", (), (), work("a", 0.2)),
+                pipeline.Stage("b", (), (), work("b", 0.6, fail_b), after=("a",)),
+                pipeline.Stage("c", (), (), work("c", 0.9), after=("a",)),
+                pipeline.Stage("d", (), (), work("d", 0.1), after=("b", "c")),
+                pipeline.Stage("e", (), (), work("e", 0.1), after=("a",))]
+
+    for jobs in (1, 2):
+        spans.clear()
+        cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / f"jobs{jobs}"), jobs=jobs, serve=dict(keep=False)))
+        records = {}
+        pipeline._run_stages(pipeline.Run(cfg), stages(), records, force=False)
+        assert set(records) == {"a", "b", "c", "d", "e"}
+        assert all((tmp_path / f"jobs{jobs}" / "stages" / f"{n}.json").exists() for n in records)
+        for later, earlier in (("b", "a"), ("c", "a"), ("e", "a"), ("d", "b"), ("d", "c")):
+            assert spans[later][0] >= spans[earlier][1]
+        overlap = min(spans["b"][1], spans["c"][1]) - max(spans["b"][0], spans["c"][0])
+        assert (overlap > 0.3) == (jobs == 2)
+        if jobs == 1:  # one at a time, in the listed order
+            starts = sorted(spans, key=lambda n: spans[n][0])
+            assert starts == ["a", "b", "c", "d", "e"]
+
+    spans.clear()
+    cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / "fail"), jobs=2, serve=dict(keep=False)))
+    records = {}
+    with pytest.raises(pipeline.StageError, match="stage 'b' failed"):
+        pipeline._run_stages(pipeline.Run(cfg), stages(fail_b=True), records, force=False)
+    assert set(records) == {"a", "c"} and "d" not in spans  # c, already running, finished; d never started
+    assert (tmp_path / "fail" / "stages" / "c.json").exists() and not (tmp_path / "fail" / "stages" / "b.json").exists()

@@ -66,3 +66,30 @@ def test_report_writes_the_table_and_readable_plots(tmp_path):
 def test_report_of_an_empty_directory_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "no finished pipeline stages" in proc.stderr
+
+
+def test_ask_domain_runs_report_how_often_each_method_opens_with_the_good_question(tmp_path):
+    from sweet_jax.colbench.synthetic import GOOD_QUESTION
+
+    def traj(first, **extra):
+        return json.dumps({"dialogue_history": [{"role": "user", "content": "task"},
+                                                {"role": "assistant", "content": first}], **extra}) + "\n"
+
+    run = tmp_path / "run"
+    _marker(run, "data", {"source": "SYNTHETIC ask domain (not ColBench)", "trajectories": 60})
+    _marker(run, "test", {"trajectories": 4, "tests_passed": 0.5, "success": 0.5})
+    (run / "eval").mkdir()
+    (run / "eval" / "test_trajectories.jsonl").write_text(
+        traj(GOOD_QUESTION) + traj(" " + GOOD_QUESTION + "\n") + traj("Can you tell me more about it?") + traj("x"))
+    (run / "eval" / "best_of_n.json").write_text(json.dumps({
+        "success": {"random": {"1": 0.5, "4": 0.5}, "SWEET critic": {"1": 0.5, "4": 1.0}},
+        "episodes": {"random": {"1": 2, "4": 2}, "SWEET critic": {"1": 2, "4": 2}}}))
+    (run / "eval" / "best_of_n.json.trajectories.jsonl").write_text(
+        traj(GOOD_QUESTION, selector="SWEET critic", n=4) + traj(GOOD_QUESTION, selector="SWEET critic", n=4)
+        + traj("x", selector="SWEET critic", n=1) + traj("x", selector="random", n=4)
+        + traj(GOOD_QUESTION, selector="random", n=4))
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(run)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    md = (run / "report" / "report.md").read_text()
+    assert "| SWEET-RL | 50.0 | 50.0 | 15.0-85.0 | 4 | 50% |" in md
+    assert "Episodes that open with the good question at N=4: random 50%, SWEET critic 100%." in md

@@ -78,13 +78,23 @@ def test_kill_9_then_resume_gives_identical_params(tmp_path):
     ("critic_tiny.py", ["--config.data.kind=rft", "--config.objective=sft"]),
     ("critic_tiny.py", ["--config.loss.reference=recompute", "--config.loss.reduction=turn_mean_sum",
                         "--config.data.score_span=assistant", "--config.loss.nll_coef=0.01"]),
+    ("critic_tiny.py", ["--config.objective=reward"]),
+    ("critic_tiny.py", ["--config.objective=value", "--config.data.kind=turn_values"]),
 ])
 def test_objectives_train_and_export(tmp_path, config, extra):
     proc = _run(config, tmp_path / "run", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] > 0 and all(np.isfinite(v) for v in result["held_out"].values())
-    assert (tmp_path / "run" / "hf" / "config.json").exists()
+    hf = json.loads((tmp_path / "run" / "hf" / "config.json").read_text())
+    head = any(e in ("--config.objective=reward", "--config.objective=value") for e in extra)
+    assert hf["architectures"] == ["LlamaForSequenceClassification" if head else "LlamaForCausalLM"]
+    if head:  # both the run directory and its export load as a score-head model
+        from sweet_jax.checkpoint import load_model
+
+        for path in (tmp_path / "run", tmp_path / "run" / "hf"):
+            cfg, params, _ = load_model(str(path))
+            assert cfg.score_head and params["score"].shape == (cfg.hidden_size,)
     assert (tmp_path / "run" / "hf" / "tokenizer.json").exists()
     assert glob.glob(str(tmp_path / "run" / "tb" / "events.out.tfevents.*"))
 

@@ -175,6 +175,12 @@ def ask_answer(task: dict, constant: int) -> str:
     return f"I WANT TO ANSWER:\ndef {ASK_FUNCTION}(x):\n    return x {op} {constant}"
 
 
+def opens_with_good_question(record: dict) -> bool:
+    """Whether a trajectory record's first agent turn is the question that earns the constant."""
+    first = next((m for m in record["dialogue_history"] if m["role"] == "assistant"), None)
+    return first is not None and first["content"].strip() == GOOD_QUESTION
+
+
 def ask_reply(task: dict, question: str) -> str:
     """The simulated human's rule: the constant for the right question, a non-answer otherwise."""
     c = ask_constant(task)

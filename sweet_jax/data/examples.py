@@ -34,6 +34,7 @@ class Example:
     turn_ids: np.ndarray  # int32 [T]
     truncated: bool
     source: str
+    label: float | None = None  # the value-function target (1.0: the trajectory succeeded)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -67,6 +68,14 @@ class ExampleBuilder:
         last = traj.last_turn
         info = self.info_prefix(traj.task, traj.source) if self.with_info else ""
         return self.from_text(last["input"], last["output"], traj.source, info_prefix=info)
+
+    def turn_examples(self, traj: Trajectory, label: float | None = None) -> list[Example]:
+        """One example per assistant turn: the turn's prompt and response (with the information prefix), i.e. the
+        state and action that a value function scores. `label` is given to every one of them."""
+        info = self.info_prefix(traj.task, traj.source) if self.with_info else ""
+        return [dataclasses.replace(self.from_text(m["input"], m["output"], f"{traj.source} turn {i}",
+                                                   info_prefix=info), label=label)
+                for i, m in enumerate(traj.dialogue) if m["role"] == "assistant"]
 
     def from_text(self, prompt: str, response: str, source: str, info_prefix: str = "") -> Example:
         """prompt: a templated prompt ending in the assistant generation header; response: the raw reply."""

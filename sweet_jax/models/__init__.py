@@ -18,10 +18,11 @@ from sweet_jax.models.llama import (
     lm_head_weight,
     param_logical_axes,
     param_shapes,
+    token_values,
 )
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "RopeScaling", "abstract_params", "attention",
     "attention_mask", "forward", "forward_hidden", "init_params", "lm_head_weight", "load_hf_params",
-    "param_logical_axes", "param_shapes", "save_hf_params",
+    "param_logical_axes", "param_shapes", "save_hf_params", "token_values",
 ]

@@ -47,6 +47,10 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 128000
     eos_token_id: int | tuple[int, ...] | None = 128001
+    # A scalar linear head on the final hidden state instead of the LM head: HF `LlamaForSequenceClassification`
+    # with one label (`score.weight`). The regression-head and value-function critics use it.
+    score_head: bool = False
+    pad_token_id: int | None = None  # HF's sequence classifier pools at the last token that is not this one
     # --- execution settings (not part of the checkpoint) ---
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -89,7 +93,8 @@ class LlamaConfig:
         d, f, v, l = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
         attn = d * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         per_layer = attn + 3 * d * f + 2 * d
-        return v * d * (1 if self.tie_word_embeddings else 2) + l * per_layer + d
+        head = d if self.score_head else (0 if self.tie_word_embeddings else v * d)
+        return v * d + head + l * per_layer + d
 
     def train_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs of one training token (forward + backward = 3 x forward) in a causal sequence of `seq_len`
@@ -167,6 +172,10 @@ class LlamaConfig:
         if rope.get("attention_factor") not in (None, 1.0):
             fail(f"{rope_field}.attention_factor", "only 1.0 is supported")
 
+        archs = hf.get("architectures") or ["LlamaForCausalLM"]
+        score_head = "LlamaForSequenceClassification" in archs
+        if score_head and len(hf.get("id2label") or {"0": "LABEL_0"}) != 1:
+            fail("id2label", f"{len(hf['id2label'])} labels; a score head needs exactly one (a scalar value)")
         heads = int(hf["num_attention_heads"])
         kw = dict(
             vocab_size=int(hf["vocab_size"]),
@@ -183,6 +192,8 @@ class LlamaConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"),
+            score_head=score_head,
+            pad_token_id=hf.get("pad_token_id"),
         )
         kw.update(overrides)
         try:
@@ -213,6 +224,11 @@ class LlamaConfig:
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "torch_dtype": self.param_dtype,
         }
+        if self.pad_token_id is not None:
+            hf["pad_token_id"] = self.pad_token_id
+        if self.score_head:
+            hf.update(architectures=["LlamaForSequenceClassification"], id2label={"0": "LABEL_0"},
+                      label2id={"LABEL_0": 0})
         if self.rope_scaling is not None:
             hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
         return hf

@@ -175,7 +175,9 @@ def _hf_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callable]]:
         "layers/w_up": (p + "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
         "layers/w_down": (p + "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
     }
-    if not cfg.tie_word_embeddings:
+    if cfg.score_head:  # LlamaForSequenceClassification: `score` Linear(hidden, 1, bias=False)
+        rules["score"] = ("score.weight", lambda w: w[0], lambda w: w[None])
+    elif not cfg.tie_word_embeddings:
         rules["lm_head"] = ("lm_head.weight", lambda w: w.T, lambda w: w.T)
     return rules
 
@@ -267,6 +269,12 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
         stacked = leaf.startswith("layers/")
         hf_shape = _hf_shape(shape[1:] if stacked else shape, to_hf)
         names = [template.format(i=i) for i in range(cfg.num_layers)] if stacked else [template]
+        if leaf == "score" and template not in index.where:
+            # A score head on a causal LM checkpoint: the start of a reward model or value function. It starts at
+            # zero, so every sequence first scores 0 and the body gets gradients once the head has moved.
+            log.info("%s: no %s; the score head starts at zeros", hf_dir, template)
+            out[leaf] = jax.device_put(jnp.zeros(shape, dtype), shard_flat.get(leaf))
+            continue
         views = []
         for name in names:
             arr, path = index.get(name)
@@ -294,8 +302,9 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
             out[leaf] = jnp.asarray(read(full))
         else:
             out[leaf] = jax.make_array_from_callback(shape, sharding, lambda idx, read=read: read(idx))
-    if cfg.tie_word_embeddings and "lm_head.weight" in index.where:
-        log.info("%s: ignoring lm_head.weight because tie_word_embeddings is set", hf_dir)
+    if (cfg.tie_word_embeddings or cfg.score_head) and "lm_head.weight" in index.where:
+        log.info("%s: ignoring lm_head.weight (%s)", hf_dir,
+                 "the model has a score head" if cfg.score_head else "tie_word_embeddings is set")
     return _unflat(out)
 
 

@@ -13,7 +13,8 @@ Parameter layout (leading `L` = stacked layers, applied with `lax.scan`):
       w_up      [L, D, F]           ("layers", "embed", "mlp")
       w_down    [L, F, D]           ("layers", "mlp", "embed")
     final_norm  [D]                 ("norm",)
-    lm_head     [D, V]              ("embed", "vocab")   -- absent when tie_word_embeddings
+    lm_head     [D, V]              ("embed", "vocab")   -- absent when tie_word_embeddings or score_head
+    score       [D]                 ("embed",)           -- score_head only: a scalar value per token
 
 Heads keep HF's half-split RoPE layout, so HF q/k weights load without permutation.
 """
@@ -51,7 +52,9 @@ def param_logical_axes(cfg: LlamaConfig) -> Params:
         },
         "final_norm": ("norm",),
     }
-    if not cfg.tie_word_embeddings:
+    if cfg.score_head:
+        axes["score"] = ("embed",)
+    elif not cfg.tie_word_embeddings:
         axes["lm_head"] = ("embed", "vocab")
     return axes
 
@@ -75,7 +78,9 @@ def param_shapes(cfg: LlamaConfig) -> Params:
         },
         "final_norm": (d,),
     }
-    if not cfg.tie_word_embeddings:
+    if cfg.score_head:
+        shapes["score"] = (d,)
+    elif not cfg.tie_word_embeddings:
         shapes["lm_head"] = (d, v)
     return shapes
 
@@ -253,7 +258,19 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
 
 def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:
     """The [D, V] output projection (the transposed embedding when tied)."""
+    if cfg.score_head:
+        raise ValueError("this model has a score head (LlamaForSequenceClassification), not an LM head: use "
+                         "`token_values` for its outputs")
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def token_values(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
+    """The score head's scalar at every position, float32 [B, T] (HF `LlamaForSequenceClassification` logits before
+    its pooling at the last token)."""
+    if not cfg.score_head:
+        raise ValueError("token_values needs a model with a score head (LlamaConfig.score_head)")
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
+    return jnp.einsum("btd,d->bt", hidden, params["score"].astype(hidden.dtype), preferred_element_type=jnp.float32)
 
 
 def forward(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:

@@ -52,6 +52,15 @@ def reward_model_loss(chosen_score, rejected_score):
     return _pairwise(chosen_score, rejected_score, None, 0.0)
 
 
+def value_loss(logits, labels):
+    """Binary cross-entropy of a success classifier (the value-function critic ablation): logits [B] of P(success),
+    labels [B] in [0, 1]. -> ([B], metrics)."""
+    y = labels.astype(jnp.float32)
+    loss = -(y * jax.nn.log_sigmoid(logits) + (1.0 - y) * jax.nn.log_sigmoid(-logits))
+    return loss, {"loss": loss, "accuracy": ((logits > 0) == (y > 0.5)).astype(jnp.float32),
+                  "prediction": jax.nn.sigmoid(logits), "label": y}
+
+
 def sft_loss(logp, mask):
     """Token-mean NLL per sequence over `mask` (RFT with the multi-turn assistant mask). -> ([B], metrics)."""
     m = mask.astype(jnp.float32)

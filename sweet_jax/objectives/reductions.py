@@ -35,6 +35,13 @@ def reduce_logprobs(logp: jnp.ndarray, mask: jnp.ndarray, kind: str, turn_ids: j
     raise ValueError(f"unknown reduction {kind!r}; expected one of {REDUCTIONS}")
 
 
+def last_value(x: jnp.ndarray, segment_ids: jnp.ndarray) -> jnp.ndarray:
+    """x [B, T] at each row's last real token (segment_ids > 0; rows right-padded) -> [B]: the pooling of HF
+    `LlamaForSequenceClassification`."""
+    last = jnp.maximum((segment_ids > 0).sum(-1) - 1, 0)
+    return jnp.take_along_axis(x, last[:, None], axis=1)[:, 0]
+
+
 def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     """Mean of x [B, T] over mask, per row -> [B] (0 for an empty mask)."""
     return reduce_logprobs(x, mask, "trajectory_mean")

@@ -73,15 +73,17 @@ def _per_device_bytes(tree) -> float:
     return float(total)
 
 
-def abstract_batch(layout: Layout, rows: int, seq_len: int, paired: bool) -> dict:
+def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str) -> dict:
     """The worst-case batch: `rows` sequences of `seq_len` tokens, every position gathered for the loss."""
     def sds(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.batch_sharding(len(shape), shape))
 
     batch = {k: sds((rows, seq_len), bool if k in ("gather_score", "gather_nll") else jnp.int32)
              for k in obj.MODEL_INPUTS}
-    if paired:
+    if objective in obj.WITH_REFERENCE:
         batch["ref"] = sds((rows,), jnp.float32)
+    if objective == "value":
+        batch["label"] = sds((rows,), jnp.float32)
     return batch
 
 
@@ -98,8 +100,7 @@ def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: 
     tx = make_optimizer(cfg.optim, 1000, accumulation)
     freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
     layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(rules))
-    paired = cfg.objective != "sft"
-    batch = abstract_batch(layout, 2 * micro if paired else micro, seq_len, paired)
+    batch = abstract_batch(layout, 2 * micro if cfg.objective in obj.PAIRED else micro, seq_len, cfg.objective)
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
                              chunk=cfg.train.logprob_chunk)
     return step.lower(layout.abstract_state(), batch).compile(), layout

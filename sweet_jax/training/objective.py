@@ -6,9 +6,14 @@ Objectives (config `objective`):
   rejected trajectories (the information prefix is in the text).
 - "dpo":    DPO on (policy - frozen reference) with an optional NLL term (SWEET actor, multi-turn DPO).
 - "sft":    token-mean NLL over the score mask (rejection fine-tuning).
+- "reward": the regression-head critic ablation: a scalar head on the last hidden state (`LlamaConfig.score_head`),
+            the trajectory's reward the mean of its per-token values over all its tokens, pairwise
+            -log sigmoid(r_chosen - r_rejected) (spec section 5).
+- "value":  the value-function critic ablation: the same head read at the last token as the logit of P(success),
+            binary cross-entropy against `label` (each turn prefix labelled with its trajectory's success).
 
 A pair batch holds P chosen examples followed by their P rejected examples; `ref` [2P] carries the cached frozen
-reference scores.
+reference scores (critic and dpo only).
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sweet_jax import objectives
+from sweet_jax import models, objectives
 from sweet_jax.models.config import LlamaConfig
 
-OBJECTIVES = ("critic", "dpo", "sft")
+OBJECTIVES = ("critic", "dpo", "sft", "reward", "value")
+PAIRED = ("critic", "dpo", "reward")  # objectives trained on (chosen, rejected) pairs
+WITH_REFERENCE = ("critic", "dpo")  # objectives that score against a frozen reference
+SCORE_HEAD = ("reward", "value")  # objectives of a model with a scalar score head instead of the LM head
 MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
 
 
@@ -40,6 +48,14 @@ def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, 
         lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
                                           positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
         loss, metrics = objectives.sft_loss(lp, batch["gather_score"])
+    elif objective in SCORE_HEAD:
+        values = models.token_values(params, model_cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
+        if objective == "value":
+            loss, metrics = objectives.value_loss(objectives.last_value(values, batch["segment_ids"]), batch["label"])
+        else:
+            reward = objectives.masked_mean(values, batch["segment_ids"] > 0)
+            p = reward.shape[0] // 2
+            loss, metrics = objectives.reward_model_loss(reward[:p], reward[p:])
     else:
         score, lp = sequence_scores(params, model_cfg, batch, loss_cfg.reduction, chunk)
         p = score.shape[0] // 2

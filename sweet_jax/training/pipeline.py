@@ -15,7 +15,7 @@ from sweet_jax.data.trajectories import DataError, ReadStats, read_trajectories
 
 log = logging.getLogger(__name__)
 
-KINDS = ("trajectory_pairs", "ranked_pairs", "rft")
+KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values")
 
 
 @dataclasses.dataclass
@@ -64,7 +64,8 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
                              mask_style=data_cfg.mask_style, score_span=data_cfg.score_span)
 
     def guarded(make):
-        """make() an example; a DataError propagates, or is counted and skipped with on_error='skip'."""
+        """make() an example (or a list of them); a DataError propagates, or is counted and skipped with
+        on_error='skip'."""
         try:
             ex = make()
         except DataError as e:
@@ -74,7 +75,7 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
             if len(stats.first_errors) < 5:
                 stats.first_errors.append(str(e))
             return None
-        stats.truncated += int(ex.truncated)
+        stats.truncated += sum(e.truncated for e in ex) if isinstance(ex, list) else int(ex.truncated)
         return ex
 
     if data_cfg.kind == "ranked_pairs":
@@ -109,12 +110,16 @@ def build(data_cfg, tokenizer, run_dir: str) -> tuple[Split, Split, DataStats]:
             r = guarded(lambda: builder.from_trajectory(p.rejected))
             if c is not None and r is not None:
                 parts[p.chosen.task_key in held_out].append((c, r))
+    elif data_cfg.kind == "turn_values":  # every assistant turn, labelled with its trajectory's success
+        for t in trajectories:
+            exs = guarded(lambda: builder.turn_examples(t, label=float(t.reward >= data_cfg.min_best_reward)))
+            parts[t.task_key in held_out].extend(exs or [])
     else:
         for t in pairs_lib.rft_set(trajectories, data_cfg.min_best_reward):
             ex = guarded(lambda: builder.from_trajectory(t))
             if ex is not None:
                 parts[t.task_key in held_out].append(ex)
-    paired = data_cfg.kind != "rft"
+    paired = data_cfg.kind in ("trajectory_pairs", "ranked_pairs")
     return Split(parts[False], paired), Split(parts[True], paired), stats
 
 

@@ -41,18 +41,29 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def model_config(model_cfg) -> models.LlamaConfig:
-    """The job's LlamaConfig: the checkpoint's config.json (`model.hf_path`) or a preset, with the execution settings."""
+LLAMA31_PAD_ID = 128004  # <|finetune_right_pad_id|>
+
+
+def model_config(model_cfg, objective: str = "") -> models.LlamaConfig:
+    """The job's LlamaConfig: the checkpoint's config.json (`model.hf_path`) or a preset, with the execution settings.
+    The "reward" and "value" objectives put a scalar score head in place of the LM head."""
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
-                     remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl)
+                     remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
+                     score_head=objective in obj.SCORE_HEAD)
     if model_cfg.hf_path:
         if not os.path.isdir(model_cfg.hf_path):
             raise SetupError(
                 f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
                 f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
                 f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
-        return models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
-    return models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
+        cfg = models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
+    else:
+        cfg = models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
+    if cfg.score_head and cfg.pad_token_id is None and cfg.vocab_size > LLAMA31_PAD_ID:
+        # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
+        # so the pad must be a token that never occurs in text
+        cfg = cfg.replace(pad_token_id=LLAMA31_PAD_ID)
+    return cfg
 
 
 def load_params(model_cfg, cfg: models.LlamaConfig, shardings) -> dict:
@@ -123,6 +134,9 @@ class Batcher:
                         gather_buckets=self.gather_buckets, nll_span=self.nll_span, lengths=lengths)
             for k in batch:
                 batch[k][real] = c[k]
+        if any(e is not None and e.label is not None for e in rows):
+            batch["label"] = np.zeros(len(local), np.float32)
+            batch["label"][real] = [rows[local[j]].label for j in real]
         if ref is not None:
             r = np.zeros(n, np.float32)
             r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
@@ -200,7 +214,7 @@ def run(cfg) -> dict:
             fh.write(cfg.to_json_best_effort(indent=2))
         os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
 
-    model_cfg = model_config(cfg.model)
+    model_cfg = model_config(cfg.model, cfg.objective)
     tokenizer = load_job_tokenizer(cfg)
     train, held_out, stats = pipeline.build(cfg.data, tokenizer, run_dir)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
@@ -221,7 +235,10 @@ def run(cfg) -> dict:
                          f"optim.batch_size")
     tx = make_optimizer(cfg.optim, total_steps // accumulation, accumulation)
 
-    paired = cfg.objective != "sft"
+    paired = cfg.objective in obj.PAIRED
+    if cfg.objective == "value" and cfg.data.kind != "turn_values":
+        raise SetupError(f"objective 'value' trains on labelled turns: set data.kind='turn_values' (got "
+                         f"{cfg.data.kind!r})")
     if paired != train.paired:
         raise SetupError(f"objective {cfg.objective!r} needs {'pairs' if paired else 'single examples'}, but "
                          f"data.kind={cfg.data.kind!r} gives {'pairs' if train.paired else 'single examples'}")
@@ -248,10 +265,11 @@ def run(cfg) -> dict:
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
     train_step = layout.train_step(**loss_kw)
     eval_step = layout.eval_step(**loss_kw)
-    score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if paired else None
-    recompute = paired and cfg.loss.reference == "recompute"
+    with_ref = cfg.objective in obj.WITH_REFERENCE
+    score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if with_ref else None
+    recompute = with_ref and cfg.loss.reference == "recompute"
     ref_train = ref_eval = None
-    if paired and not recompute:
+    if with_ref and not recompute:
         ref_train = reference_scores("train", train, score_fn, params0, model_cfg, cfg, batcher, run_dir)
         ref_eval = reference_scores("eval", held_out, score_fn, params0, model_cfg, cfg, batcher, run_dir)
     frozen = jax.tree.map(jnp.copy, params0) if recompute else None
