@@ -31,7 +31,7 @@ def get_config():
                                                agent_max_tokens=1024, simulator_max_tokens=4096))
     c.test = ml_collections.ConfigDict(dict(rollouts=1))
     # keep=False: the servers free the accelerators for the training stages in between
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, start_timeout_s=1800, keep=False))
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, max_batch=64, start_timeout_s=1800, keep=False))
     c.jobs = 1  # one stage at a time: each takes all the accelerators
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=()))
     c.critic_no_info = ml_collections.ConfigDict(dict(overrides=("data.with_info=False",)))

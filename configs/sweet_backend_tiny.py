@@ -46,7 +46,7 @@ def get_config():
     c.test = ml_collections.ConfigDict(dict(rollouts=3))
     # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
     # simulator, so one warm server plays both parts in the five collection and evaluation stages)
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, start_timeout_s=300, keep=True))
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, max_batch=64, start_timeout_s=300, keep=True))
     # JAX's persistent compilation cache in RUN/jax_cache, shared by every stage's job and server
     c.compile_cache = True
     # two stages at a time where they do not depend on each other: a tiny-model job keeps about 1.5 of 2 cores busy

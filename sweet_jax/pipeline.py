@@ -191,7 +191,8 @@ class Run:
         logfile = self.path("logs", f"{stage}.serve.log")
         fh = open(logfile, "a")
         proc = subprocess.Popen([self.python, "-m", "sweet_jax.serve", "--model", model, "--port", str(port),
-                                 "--max-model-len", str(self.cfg.serve.max_model_len)], cwd=ROOT, stdout=fh,
+                                 "--max-model-len", str(self.cfg.serve.max_model_len),
+                                 "--max-batch", str(self.cfg.serve.get("max_batch", 64))], cwd=ROOT, stdout=fh,
                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=self.env)
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + self.cfg.serve.start_timeout_s
