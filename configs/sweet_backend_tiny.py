@@ -43,7 +43,7 @@ def get_config():
     c.test_tasks = ""  # empty: the generated held-out tasks
     c.collect = ml_collections.ConfigDict(dict(limit=0, rollouts=3, max_steps=3, concurrency=64,
                                                agent_max_tokens=32, simulator_max_tokens=16))
-    c.test = ml_collections.ConfigDict(dict(rollouts=3))
+    c.test = ml_collections.ConfigDict(dict(rollouts=2))  # 100 episodes per method and seed
     # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
     # simulator, so one warm server plays both parts in the five collection and evaluation stages)
     c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, max_batch=64, start_timeout_s=300, keep=True))

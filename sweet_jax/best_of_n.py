@@ -205,14 +205,12 @@ def evaluate(args) -> dict:
     from tqdm.auto import tqdm
 
     from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer, render_text
-    from sweet_jax.checkpoint import load_model
     from sweet_jax.colbench.backend_eval import BackendEvaluator
     from sweet_jax.colbench.env import BackendEpisode
     from sweet_jax.colbench.jsonl import write_jsonl
     from sweet_jax.data.trajectories import DataError
     from sweet_jax.generate import SamplingParams, generate
-    from sweet_jax.judges import Judge
-    from sweet_jax.models.llama import unstack_layers
+    from sweet_jax.judges import Judge, shared_model
 
     tasks = _read_jsonl(args.tasks, ("problem_description", "ground_truth", "test_cases"))
     tasks = tasks[:args.limit] if args.limit else tasks
@@ -220,13 +218,9 @@ def evaluate(args) -> dict:
     if not ns or ns[0] < 1:
         raise DataError(f"--ns {args.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
     judge_kw = _parse_judges(args.judge)
-    cfg, params, tok_dir = load_model(args.policy, args.dtype)
-    params = unstack_layers(params)
-    if os.path.realpath(args.simulator) == os.path.realpath(args.policy):
-        sim_cfg, sim_params = cfg, params
-    else:
-        sim_cfg, sim_params, _ = load_model(args.simulator, args.dtype)
-        sim_params = unstack_layers(sim_params)
+    # one copy of each model, whether it is the policy, the simulator or a judge
+    cfg, params, tok_dir = shared_model(args.policy, args.dtype)
+    sim_cfg, sim_params, _ = shared_model(args.simulator, args.dtype)
     tok = load_tokenizer(args.tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
     eot = tok.convert_tokens_to_ids(EOT)
     agent_sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, stop_tokens=(eot,))

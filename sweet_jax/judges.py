@@ -15,7 +15,8 @@ Kinds (`Judge(kind=...)`), each given the information ("In light that the final 
   paper's LLM judge compares candidates in pairs; this one scores each on its own, N prompts per state rather
   than N(N-1)/2.)
 
-The history is computed once per state in a KV cache shared by all candidates (`sweet_jax.prefix_scoring`).
+The history is computed once per state in a KV cache shared by all candidates (`sweet_jax.prefix_scoring`). Judges
+of one model (the SWEET critic ranking means and sums) share the loaded weights and the log-probs of a state.
 """
 
 from __future__ import annotations
@@ -44,6 +45,35 @@ Is this next message a good step towards the correct function? Answer Yes or No.
 LLM_JUDGE_INFO = "The correct function is:\n{ground_truth}\n\n"
 CANDIDATE_SLOT = "\x00CANDIDATE\x00"
 
+_MODELS: dict[tuple[str, str], tuple] = {}  # (real path, dtype) -> (cfg, params in the inference layout, tokenizer dir)
+_LOGPROBS: dict[tuple, list] = {}  # the last few states' continuation log-probs, by model and token ids
+
+
+def shared_model(model: str, dtype: str):
+    """A model in the inference layout, loaded once per process however many judges use it."""
+    import os
+
+    from sweet_jax.checkpoint import load_model
+    from sweet_jax.models.llama import unstack_layers
+
+    key = (os.path.realpath(model), dtype)
+    if key not in _MODELS:
+        cfg, params, tok_dir = load_model(model, dtype)
+        _MODELS[key] = (cfg, unstack_layers(params), tok_dir)
+    return _MODELS[key]
+
+
+def _logprobs(model_key: tuple, params, cfg, prefix: list[int], spans: list[list[int]]) -> list:
+    """`continuation_logprobs`, remembered for the last few states: judges of one model score a state once."""
+    from sweet_jax.prefix_scoring import continuation_logprobs
+
+    key = (model_key, tuple(prefix), tuple(map(tuple, spans)))
+    if key not in _LOGPROBS:
+        if len(_LOGPROBS) >= 8:
+            _LOGPROBS.pop(next(iter(_LOGPROBS)))
+        _LOGPROBS[key] = continuation_logprobs(params, cfg, prefix, spans)
+    return _LOGPROBS[key]
+
 
 class Judge:
     """A loaded judge of one kind; `judge(prompt, ground_truth, candidates, sampler_mean, sampler_sum)` -> scores."""
@@ -51,24 +81,24 @@ class Judge:
     def __init__(self, model: str, *, kind: str = "critic", no_info: bool = False, use_sum: bool = False,
                  no_header: bool = False, reference_model: str | None = None, tokenizer: str | None = None,
                  dtype: str = "float32"):
+        import os
+
         from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
-        from sweet_jax.checkpoint import load_model
-        from sweet_jax.models.llama import unstack_layers
 
         if kind not in KINDS:
             raise DataError(f"judge kind must be one of {KINDS}, got {kind!r}")
-        self.cfg, params, tok_dir = load_model(model, dtype)
+        self.cfg, self.params, tok_dir = shared_model(model, dtype)
+        self.key = (os.path.realpath(model), dtype)
         if self.cfg.score_head != (kind in ("head", "value")):
             raise DataError(f"{model}: a judge of kind {kind!r} needs " + (
                 "a score-head model (a critic trained with objective 'reward' or 'value')"
                 if kind in ("head", "value") else "a causal LM, but this model has a score head"))
-        self.params = unstack_layers(params)  # the inference layout, once
-        self.ref = None
+        self.ref = self.ref_key = None
         if reference_model and kind == "critic":
-            ref_cfg, ref, _ = load_model(reference_model, dtype)
+            ref_cfg, self.ref, _ = shared_model(reference_model, dtype)
             if ref_cfg.vocab_size != self.cfg.vocab_size:
                 raise DataError("the reference model's vocabulary differs from the critic's")
-            self.ref = unstack_layers(ref)
+            self.ref_key = (os.path.realpath(reference_model), dtype)
         self.tok = load_tokenizer(tokenizer or tok_dir or bundled_llama3_tokenizer_dir())
         self.header = self.tok.encode(HEADER, add_special_tokens=False)
         self.eot = self.tok.convert_tokens_to_ids(EOT)
@@ -95,15 +125,13 @@ class Judge:
     def _critic(self, ids, candidates, sampler_mean, sampler_sum) -> list[float]:
         import numpy as np
 
-        from sweet_jax.prefix_scoring import continuation_logprobs
-
         cands = [self.tok.encode(c, add_special_tokens=False) or [self.eot] for c in candidates]
         prefix, head = (ids[:-HEADER_TOKENS], self.header) if not self.no_header else (ids, [])
         spans = [head + c for c in cands]
         reduce = np.sum if self.use_sum else np.mean
-        score = [float(reduce(lp)) for lp in continuation_logprobs(self.params, self.cfg, prefix, spans)]
+        score = [float(reduce(lp)) for lp in _logprobs(self.key, self.params, self.cfg, prefix, spans)]
         if self.ref is not None:
-            base = [float(reduce(lp)) for lp in continuation_logprobs(self.ref, self.cfg, prefix, spans)]
+            base = [float(reduce(lp)) for lp in _logprobs(self.ref_key, self.ref, self.cfg, prefix, spans)]
         else:
             base = sampler_sum if self.use_sum else sampler_mean
         return [s - b for s, b in zip(score, base)]

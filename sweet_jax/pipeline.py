@@ -472,8 +472,9 @@ def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, unti
 
 def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> None:
     """Run the selected stages that are neither finished nor left out. With `jobs` = 1 (the default) they run one
-    after another in order; with more, up to `jobs` at a time, each starting, in order, once the selected stages it
-    comes `after` are done. A failed stage lets the running ones finish, starts nothing new, and is raised."""
+    after another in order; with more, up to `jobs` at a time, each starting once the selected stages it comes
+    `after` are done, those at the head of the longest chains of stages first. A failed stage lets the running ones
+    finish, starts nothing new, and is raised."""
     pending = []
     for stage in selected:
         marker = _marker(run, stage)
@@ -487,6 +488,11 @@ def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> 
             pending.append(stage)
     jobs = max(1, int(run.cfg.get("jobs", 1)))
     waiting_on = {s.name for s in pending}
+    if jobs > 1:  # longest chain of dependent stages first (list scheduling), so no long chain is left for the end
+        depth: dict[str, int] = {}
+        for stage in reversed(pending):
+            depth[stage.name] = 1 + max((depth[s.name] for s in pending if stage.name in s.after), default=0)
+        pending.sort(key=lambda s: -depth[s.name])  # stable: in list order within a depth
     running: dict[concurrent.futures.Future, Stage] = {}
     error = None
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
