@@ -1,4 +1,6 @@
 """A pipeline run's report: `python -m sweet_jax.report RUN_DIR [--output DIR]` writes Markdown plus PNG plots.
+`python -m sweet_jax.report RUN_1 RUN_2 ...` (one config, several seeds) writes each run's report and `seeds.md`: every
+run's success rates side by side and pooled over the runs, with 95% Wilson intervals.
 
 - `report.md`: what ran (stages, times, data source), the results table in the layout of the paper's Table 2 (one
   row per evaluated method: % tests passed and success rate on the test tasks, with 95% Wilson intervals for the
@@ -246,17 +248,72 @@ def write_report(run_dir: str, out: str | None = None) -> str:
     return path
 
 
+def write_seeds_report(run_dirs: list[str], out: str) -> str:
+    """`seeds.md` in `out`: the same config run with several seeds, one column per run and the pooled rate (all
+    episodes of all runs together, with its 95% Wilson interval), for the policies and for best-of-N."""
+    runs = [os.path.abspath(d) for d in run_dirs]
+    markers = [_markers(d) for d in runs]
+    for d, m in zip(runs, markers):
+        if not m:
+            raise FileNotFoundError(f"{d}: no finished pipeline stages (stages/*.json)")
+    head = "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | pooled | 95% CI (pooled) |"
+    rule = "|---|" + "---|" * (len(runs) + 2)
+
+    def row(name: str, cells: list[tuple[int, int] | None]) -> str:
+        got = [c for c in cells if c is not None]
+        k, n = sum(c[0] for c in got), sum(c[1] for c in got)
+        lo, hi = wilson(k, n)
+        each = [f"{100 * c[0] / c[1]:.1f}" if c and c[1] else "-" for c in cells]
+        pooled = f"{100 * k / n:.1f} | {100 * lo:.1f}-{100 * hi:.1f}" if n else "- | -"
+        return f"| {name} | " + " | ".join(each) + f" | {pooled} |"
+
+    lines = [f"# Success over {len(runs)} runs", "", "Runs: " + ", ".join(f"{i + 1} = `{d}`" for i, d in
+                                                                            enumerate(runs)), "",
+             "## Policies on the test tasks (success %)", "", head, rule]
+    for stage, name in METHODS.items():
+        cells = []
+        for m in markers:
+            s = m.get(stage, {}).get("summary")
+            cells.append((round(s["success"] * s["trajectories"]), s["trajectories"]) if s else None)
+        if any(cells):
+            lines.append(row(name, cells))
+    results = [read_best_of_n(os.path.join(d, "eval", "best_of_n.json"))
+               if os.path.exists(os.path.join(d, "eval", "best_of_n.json")) else None for d in runs]
+    if any(results):
+        lines += ["", "## Best-of-N on the test tasks (success %)", "", head, rule]
+        order = list(dict.fromkeys(sel for r in results if r for sel in r[0]))
+        ns = sorted({n for r in results if r for points in r[0].values() for n in points}, key=int)
+        for sel in order:
+            for n in ns:
+                cells = []
+                for r in results:
+                    if r is None or n not in r[0].get(sel, {}):
+                        cells.append(None)
+                    else:
+                        count = r[1][sel][n]
+                        cells.append((round(r[0][sel][n] * count), count))
+                lines.append(row(f"{sel}, N={n}", cells))
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "seeds.md")
+    with open(path + ".tmp", "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir")
-    p.add_argument("--output", default=None, help="default: RUN_DIR/report")
+    p.add_argument("run_dir", nargs="+", help="a pipeline run; several (seeds of one config): also seeds.md")
+    p.add_argument("--output", default=None, help="default: RUN_DIR/report (the first run's, for seeds.md)")
     args = p.parse_args(argv)
     try:
-        path = write_report(args.run_dir, args.output)
+        paths = [write_report(d, args.output if len(args.run_dir) == 1 else None) for d in args.run_dir]
+        if len(args.run_dir) > 1:
+            paths.append(write_seeds_report(args.run_dir, args.output or os.path.join(args.run_dir[0], "report")))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(path)
+    print("\n".join(paths))
     return 0
 
 

@@ -93,3 +93,22 @@ def test_ask_domain_runs_report_how_often_each_method_opens_with_the_good_questi
     md = (run / "report" / "report.md").read_text()
     assert "| SWEET-RL | 50.0 | 50.0 | 15.0-85.0 | 4 | 50% |" in md
     assert "Episodes that open with the good question at N=4: random 50%, SWEET critic 100%." in md
+
+
+def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):
+    runs = []
+    for i, (k, n) in enumerate([(30, 50), (40, 50)]):
+        run = tmp_path / f"seed{i}"
+        _marker(run, "test", {"trajectories": n, "tests_passed": k / n, "success": k / n})
+        (run / "eval").mkdir()
+        (run / "eval" / "best_of_n.json").write_text(json.dumps({
+            "success": {"random": {"1": 0.5 + 0.1 * i}}, "episodes": {"random": {"1": 10}}}))
+        runs.append(str(run))
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", *runs, "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "out" / "seeds.md").read_text()
+    lo, hi = [100 * x for x in report.wilson(70, 100)]  # 30 + 40 of 100
+    assert f"| SWEET-RL | 60.0 | 80.0 | 70.0 | {lo:.1f}-{hi:.1f} |" in md
+    assert "| random, N=1 | 50.0 | 60.0 | 55.0 |" in md
+    assert all((tmp_path / f"seed{i}" / "report" / "report.md").exists() for i in range(2))
