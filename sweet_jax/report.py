@@ -99,6 +99,9 @@ def training_curves(run_dir: str, out: str) -> list[str]:
             if held:
                 ax.plot([p["step"] for p in held], [p[metric] for p in held], "o-", color="tab:orange",
                         label="held-out")
+            values = [p[metric] for p in train + held]
+            if metric == "loss" and min(values) > 0 and max(values) / min(values) > 100:
+                ax.set_yscale("log")  # pre-training falls from ~10 to ~0.01: the end would be a flat line
             ax.set_title(f"{stage}: {metric}")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -120,7 +123,7 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     curves, counts = read_best_of_n(src)
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for i, (method, points) in enumerate(curves.items()):
         ns = sorted(points, key=int)
         x = [int(n) * 1.03 ** (i - len(curves) / 2) for n in ns]  # a small offset keeps the error bars apart
@@ -135,7 +138,7 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     ax.set_ylabel("success rate (%)")
     ax.set_title("best-of-N selection (95% Wilson intervals)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside: 7 curves leave no empty corner
     path = os.path.join(out, "best_of_n.png")
     _save(fig, path)
     plt.close(fig)
