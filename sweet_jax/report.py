@@ -44,7 +44,10 @@ def read_log(path: str) -> dict[str, list[dict]]:
     with open(path) as fh:
         for line in fh:
             if line.strip():
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # cut by a crash (the job then resumed and logged those steps again)
+                    continue
                 points[(rec["split"], rec["step"])] = rec
     out: dict[str, list[dict]] = {}
     for (split, _), rec in sorted(points.items(), key=lambda kv: kv[0][1]):
