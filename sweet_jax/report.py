@@ -169,16 +169,19 @@ def best_of_n_table(path: str) -> list[str]:
     return lines
 
 
-def _first_turns(path: str, keep=lambda rec: True) -> float | None:
-    """The fraction of the trajectories in `path` (those `keep` selects) that open with the ask domain's good
-    question; None without the file."""
+def _first_turns(path: str, group=lambda rec: None) -> dict:
+    """{group(record): the fraction of those trajectories in `path` that open with the ask domain's good question},
+    the file read once; {} without the file."""
     from sweet_jax.colbench.synthetic import opens_with_good_question
 
     if not os.path.exists(path):
-        return None
+        return {}
+    counts: dict = {}
     with open(path) as fh:
-        recs = [r for r in map(json.loads, filter(str.strip, fh)) if keep(r)]
-    return sum(map(opens_with_good_question, recs)) / len(recs) if recs else None
+        for rec in map(json.loads, filter(str.strip, fh)):
+            good, total = counts.get(group(rec), (0, 0))
+            counts[group(rec)] = (good + opens_with_good_question(rec), total + 1)
+    return {k: good / total for k, (good, total) in counts.items()}
 
 
 def write_report(run_dir: str, out: str | None = None) -> str:
@@ -212,7 +215,7 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lo, hi = wilson(k, n)
         cell = ""
         if ask:  # the first turn decides an ask-domain episode: how often the policy opens with the right question
-            good = _first_turns(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))
+            good = _first_turns(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl")).get(None)
             cell = " - |" if good is None else f" {100 * good:.0f}% |"
         lines.append(f"| {name} | {100 * s['tests_passed']:.1f} | {100 * s['success']:.1f} | "
                      f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |" + cell)
@@ -235,9 +238,9 @@ def write_report(run_dir: str, out: str | None = None) -> str:
             curves, _ = read_best_of_n(bon)
             n_max = max((n for points in curves.values() for n in points), key=int)
             cells = []
+            by_selector = _first_turns(bon + ".trajectories.jsonl", lambda r: (r["selector"], str(r["n"])))
             for sel in curves:
-                good = _first_turns(bon + ".trajectories.jsonl",
-                                    lambda r, sel=sel: r["selector"] == sel and str(r["n"]) == n_max)
+                good = by_selector.get((sel, n_max))
                 cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
             lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
     lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
