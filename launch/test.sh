@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite, slow tests included. Extra arguments go to pytest, e.g.
-#   bash launch/test.sh -m "not slow"      bash launch/test.sh tests/test_chat.py -x
+# Set up (if needed) and run the whole test suite, slow tests included, on SWEET_JAX_TEST_WORKERS pytest-xdist
+# workers (default 2: most tests compile, which is single-threaded, or wait on child processes). Extra arguments go
+# to pytest, e.g.
+#   bash launch/test.sh -m "not slow"      bash launch/test.sh tests/test_chat.py -x      bash launch/test.sh -n 0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh || exit $?
 VENV=${SWEET_JAX_VENV:-.venv}
-"$VENV/bin/python" -m pytest -ra --durations=15 "$@"
+"$VENV/bin/python" -m pytest -ra --durations=15 -n "${SWEET_JAX_TEST_WORKERS:-2}" --dist worksteal "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests for this selection"

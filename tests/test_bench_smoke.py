@@ -45,6 +45,20 @@ def test_dpo_step_benchmark_runs():
 
 
 @pytest.mark.slow
+def test_dpo_prefix_benchmark_runs_and_packed_equals_plain():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "dpo_prefix.py"), "--history", "48", "--turn", "12", "--hidden",
+         "64", "--layers", "1", "--vocab", "1000", "--pairs", "2", "--steps", "2"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = re.search(r"packed vs plain losses over 2 steps: max \|diff\| ([\d.e+-]+)", proc.stdout)
+    assert m and float(m.group(1)) <= 1e-5, proc.stdout
+    assert re.search(r"speed-up packed vs own plain path: [\d.]+x", proc.stdout), proc.stdout
+    assert re.search(r"ratio sweet_jax \(packed\) / TRL: [\d.]+x faster", proc.stdout), proc.stdout
+    assert re.search(r"sweet_jax packed .* XLA temp \d+ MiB/pair, peak RSS [\d.]+ GiB/pair", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")),
                     reason="ColBench test set not at ../shared/colbench")
 @pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed")

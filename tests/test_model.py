@@ -91,9 +91,10 @@ def test_xla_attention_matches_reference_square_and_not(t):
     np.testing.assert_allclose(attention(q, k, v, q_seg, kv_seg, impl="xla"), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("t", [16, 8])
+@pytest.mark.parametrize("t", [16, 8, 13])
 def test_query_blocked_reference_attention_is_exact(t):
-    """Blocks of 4 queries (each building its own mask) equal one unblocked pass, square and suffix queries."""
+    """Blocks of about 4 queries (each building its own mask) equal one unblocked pass, square and suffix queries,
+    and a query count that does not split evenly (13: padded to two blocks of 8)."""
     from sweet_jax.models.attention import reference_attention
 
     k1, k2, k3 = jax.random.split(jax.random.key(6), 3)

@@ -134,6 +134,22 @@ def test_misspelt_override_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_packed_pairs_train_like_plain_pairs(tmp_path):
+    """The critic job on prefix-shared rows (the default) and on plain rows: same held-out metrics and weights."""
+    packed = _run("critic_tiny.py", tmp_path / "packed", "--config.optim.lr=1e-4")
+    plain = _run("critic_tiny.py", tmp_path / "plain", "--config.optim.lr=1e-4", "--config.data.pack_pairs=False")
+    assert packed.returncode == 0 and plain.returncode == 0, (packed.stderr + plain.stderr)[-3000:]
+    assert "one prefix-shared row per pair" in packed.stderr and "prefix-shared" not in plain.stderr
+    a = json.loads((tmp_path / "packed" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "plain" / "metrics.json").read_text())
+    assert a["steps"] == b["steps"] > 0
+    for k in ("loss", "accuracy", "margin", "chosen_reward"):
+        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
+    ta, tb = _hf_tensors(tmp_path / "packed"), _hf_tensors(tmp_path / "plain")
+    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+
+
+@pytest.mark.slow
 def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
     mesh_args = ["--config.optim.batch_size=4", "--config.optim.micro_batch_size=4", "--config.train.eval_batch_size=3",
                  "--config.optim.lr=1e-4"]  # 3-pair eval batches: padded to the 4 batch shards
@@ -170,7 +186,12 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
 
     bad = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2"), cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=env)  # fsdp=-1: 8 batch shards
-    assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 4, so that its 2 x 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
-        in bad.stderr, bad.stderr[-2000:]
+    assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 8, so that its 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
+        in bad.stderr, bad.stderr[-2000:]  # packed pairs: one row each
+    plain = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2",
+                                "--config.data.pack_pairs=False"), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert plain.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 4, so that its 2 x 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
+        in plain.stderr, plain.stderr[-2000:]
     few = _run("critic_tiny.py", tmp_path / "few", "--config.mesh.fsdp=4", timeout=300)
     assert few.returncode == 2 and "mesh {'data': 1, 'fsdp': 4, 'tensor': 1} needs 4 devices, have 1" in few.stderr

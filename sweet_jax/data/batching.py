@@ -44,12 +44,22 @@ def _nll_mask(e: Example, nll_span: str) -> np.ndarray:
     return {"score": e.score_mask, "response": e.response_mask, "all": np.ones(len(e), bool)}[nll_span]
 
 
+def gather_positions(e: Example, nll_span: str = "score") -> tuple[np.ndarray, np.ndarray]:
+    """(positions, nll flags): the positions of `e` whose log-probs a loss needs (score or NLL tokens; never 0, which
+    has no prediction), and which of them are NLL tokens."""
+    if nll_span not in NLL_SPANS:
+        raise ValueError(f"nll_span must be one of {NLL_SPANS}, got {nll_span!r}")
+    nll = _nll_mask(e, nll_span)
+    idx = np.flatnonzero((e.score_mask | nll)[1:]) + 1
+    return idx, nll[idx]
+
+
 def batch_lengths(examples: Sequence[Example], buckets: Sequence[int], gather_buckets: Sequence[int],
                   nll_span: str = "score") -> tuple[int, int]:
     """(L, S): the padded token length and gather length `collate` gives these examples. Hosts that each collate a
     slice of one global batch pass the global batch's lengths to `collate`, so that their slices fit together."""
     length = bucket_length(max(len(e) for e in examples), buckets)
-    need = max(int((e.score_mask | _nll_mask(e, nll_span))[1:].sum()) for e in examples)
+    need = max(len(gather_positions(e, nll_span)[0]) for e in examples)
     return length, bucket_length(max(need, 1), gather_buckets)
 
 
@@ -88,21 +98,25 @@ def collate(examples: Sequence[Example], buckets: Sequence[int], pad_id: int, *,
         out["turn_ids"][i, :n] = e.turn_ids
     if not gather_buckets:
         return out
-    real = out["segment_ids"] > 0
-    nll = {"score": out["score_mask"], "response": out["response_mask"], "all": real}[nll_span]
-    need = (out["score_mask"] | nll) & real
-    need[:, 0] = False  # position 0 has no prediction
-    if int(need.sum(1).max()) > s:
-        raise ValueError(f"an example needs {int(need.sum(1).max())} gathered positions; lengths={lengths}")
-    out["gather_pos"] = np.ones((b, s), np.int32)
-    out["gather_score"] = np.zeros((b, s), bool)
-    out["gather_nll"] = np.zeros((b, s), bool)
-    out["gather_turn"] = np.full((b, s), -1, np.int32)
-    for i in range(b):
-        idx = np.flatnonzero(need[i])
-        k = len(idx)
-        out["gather_pos"][i, :k] = idx
-        out["gather_score"][i, :k] = out["score_mask"][i, idx]
-        out["gather_nll"][i, :k] = nll[i, idx]
-        out["gather_turn"][i, :k] = out["turn_ids"][i, idx]
+    out.update(empty_gathers((b,), s))
+    for i, e in enumerate(examples):
+        idx, nll = gather_positions(e, nll_span)
+        if len(idx) > s:
+            raise ValueError(f"an example needs {len(idx)} gathered positions; lengths={lengths}")
+        fill_gathers(out, i, e, idx, nll, idx)
     return out
+
+
+def empty_gathers(lead: tuple[int, ...], s: int) -> dict[str, np.ndarray]:
+    """Gather arrays [*lead, S] that gather nothing: position 1 (any valid index), no score or NLL flags."""
+    return {"gather_pos": np.ones(lead + (s,), np.int32), "gather_score": np.zeros(lead + (s,), bool),
+            "gather_nll": np.zeros(lead + (s,), bool), "gather_turn": np.full(lead + (s,), -1, np.int32)}
+
+
+def fill_gathers(out: dict, at, e: Example, idx: np.ndarray, nll: np.ndarray, where: np.ndarray) -> None:
+    """Write example `e`'s gathers (its positions idx, lying at row indices `where`) into out[...][at]."""
+    k = len(idx)
+    out["gather_pos"][at][:k] = where
+    out["gather_score"][at][:k] = e.score_mask[idx]
+    out["gather_nll"][at][:k] = nll
+    out["gather_turn"][at][:k] = e.turn_ids[idx]

@@ -12,6 +12,12 @@ Implementations (chosen by `LlamaConfig.attention_impl`):
 Masking: token i attends to token j iff j <= i (by array index) and segment_ids[i] == segment_ids[j]. Segment ids thus
 express both padding (pad = 0, real = 1) and packed sequences (1, 1, 2, 2, 2, 0). Every token can at least attend to
 itself, so no row is ever fully masked and no NaNs arise on padding.
+
+Branch ids (optional) add prefix sharing inside a segment: a token of branch 0 (the shared history) is seen by every
+later token of its segment, a token of branch k > 0 only by later tokens of branch k. Packing [history, chosen,
+rejected] with branch ids 0, 1, 2 (and positions restarting after the history) gives each candidate exactly the
+attention it would have alone. The reference, xla and cuDNN paths take them as part of the mask; splash, whose
+kernel knows only segment equality, hands such calls to the xla path.
 """
 
 from __future__ import annotations
@@ -25,14 +31,19 @@ from sweet_jax import sharding
 
 
 def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, causal: bool = True,
-                   q_offset=None) -> jnp.ndarray:
+                   q_offset=None, q_branch_ids=None, kv_branch_ids=None) -> jnp.ndarray:
     """Boolean mask [B, 1, T, S]: True where query t may attend key s.
 
     Query t sits at key index q_offset + t; by default the queries are the last T of the S keys (T == S for a
-    full forward).
+    full forward). Branch ids [B, T] / [B, S] (both or neither): see the module docstring.
     """
     t, s = q_segment_ids.shape[1], kv_segment_ids.shape[1]
     mask = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+    if (q_branch_ids is None) != (kv_branch_ids is None):
+        raise ValueError("pass branch ids for both the queries and the keys, or for neither")
+    if q_branch_ids is not None:
+        kb = kv_branch_ids[:, None, :]
+        mask = mask & ((kb == 0) | (q_branch_ids[:, :, None] == kb))
     if causal:
         q_idx = jnp.arange(t)[:, None] + (s - t if q_offset is None else q_offset)
         mask = mask & (q_idx >= jnp.arange(s)[None, :])[None]
@@ -40,32 +51,47 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
 
 
 def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = True, scale: float | None = None,
-                        q_block: int = 2048, q_offset=None):
+                        q_block: int = 2048, q_offset=None, q_branch_ids=None, kv_branch_ids=None):
     """q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H]. Softmax in f32.
 
     Query t sits at key index q_offset + t (default: the queries are the last T keys; a KV cache passes its write
-    index). Queries are processed `q_block` at a time and each block builds its own mask, so memory is
-    O(q_block * S), not O(T * S), in the forward and the backward pass.
+    index). More than `q_block` queries are processed in equal blocks of at most about `q_block`, each building its own
+    mask, so memory is O(q_block * S), not O(T * S), in the forward and the backward pass.
     """
     b, t = q.shape[:2]
     s = k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     base = (s - t) if q_offset is None else q_offset
-    if t <= q_block or t % q_block:
-        return _attend(q, k, v, attention_mask(q_segment_ids, kv_segment_ids, causal, q_offset=base), scale)
-    nb = t // q_block
-    qb = jnp.moveaxis(q.reshape(b, nb, q_block, *q.shape[2:]), 1, 0)
-    segb = jnp.moveaxis(q_segment_ids.reshape(b, nb, q_block), 1, 0)
-    offsets = jnp.arange(nb) * q_block + base
+    if t <= q_block:
+        mask = attention_mask(q_segment_ids, kv_segment_ids, causal, q_offset=base, q_branch_ids=q_branch_ids,
+                              kv_branch_ids=kv_branch_ids)
+        return _attend(q, k, v, mask, scale)
+    # Blocks of equal size, at most about q_block (t split evenly, else rounded up to a multiple of 8 with the queries
+    # padded to fill the last block). A padded query has segment id -1, matches no key, and its (uniform, finite)
+    # output is cut off below.
+    per = -(-t // -(-t // q_block))
+    size = per if t % per == 0 else -(-per // 8) * 8
+    nb = -(-t // size)
+    pad = nb * size - t
+
+    def blocks(x, fill=0):
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
+        return jnp.moveaxis(x.reshape(b, nb, size, *x.shape[2:]), 1, 0)
+
+    qb, segb = blocks(q), blocks(q_segment_ids, -1)
+    branchb = None if q_branch_ids is None else blocks(q_branch_ids)
+    offsets = jnp.arange(nb) * size + base
 
     # Each block is rematerialised in the backward pass, so the gradient keeps no [q_block, S] probabilities either.
     @jax.checkpoint
     def block(args):
-        qi, seg, off = args
-        return _attend(qi, k, v, attention_mask(seg, kv_segment_ids, causal, q_offset=off), scale)
+        qi, seg, off, branch = args
+        mask = attention_mask(seg, kv_segment_ids, causal, q_offset=off, q_branch_ids=branch,
+                              kv_branch_ids=kv_branch_ids)
+        return _attend(qi, k, v, mask, scale)
 
-    out = jax.lax.map(block, (qb, segb, offsets))
-    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
+    out = jax.lax.map(block, (qb, segb, offsets, branchb))
+    return jnp.moveaxis(out, 0, 1).reshape(b, nb * size, *q.shape[2:])[:, :t]
 
 
 def _attend(q, k, v, mask, scale: float):
@@ -90,23 +116,28 @@ def resolve_impl(impl: str, dtype, lengths: tuple[int, ...] = ()) -> str:
     return "reference"
 
 
-def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True, q_offset=None):
+def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True, q_offset=None,
+              q_branch_ids=None, kv_branch_ids=None):
     """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype.
 
-    q_offset: the key index of query 0 (a KV cache's write index, possibly traced); default S - T."""
+    q_offset: the key index of query 0 (a KV cache's write index, possibly traced); default S - T.
+    q_branch_ids / kv_branch_ids: prefix-shared packing (module docstring)."""
     scale = q.shape[-1] ** -0.5
     impl = resolve_impl(impl, q.dtype, (q.shape[1], k.shape[1]))
-    if q_offset is not None and impl == "splash":  # the kernel's causal mask is static: a cache write index is not
+    # The splash kernel's mask is static: neither a cache write index nor branch ids fit it.
+    if impl == "splash" and (q_offset is not None or q_branch_ids is not None):
         impl = "xla"
+    branches = dict(q_branch_ids=q_branch_ids, kv_branch_ids=kv_branch_ids)
     if impl == "reference":
         return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale,
-                                   q_offset=q_offset)
+                                   q_offset=q_offset, **branches)
     if impl in ("xla", "cudnn"):
         # Let the kernel apply causality itself (cuDNN then skips the upper triangle); the segment mask goes in as a
         # mask (cuDNN folds it into a bias). jax's is_causal aligns queries at the top-left, so it is only used for
         # square attention; otherwise the full mask carries causality.
         square = q.shape[1] == k.shape[1] and q_offset is None
-        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset)
+        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset,
+                              **branches)
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
                                             implementation=impl).astype(q.dtype)
     if impl == "splash":

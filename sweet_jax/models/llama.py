@@ -130,7 +130,7 @@ _REMAT = {
 }
 
 
-def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None):
+def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None, branch_ids=None):
     """One layer. With `kv` = (k_cache [B,K,S,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
     written into the cache at `index` and the queries attend over the whole cache; returns (x, (k_cache, v_cache))."""
     dt = jnp.dtype(cfg.compute_dtype)
@@ -143,7 +143,8 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
     if kv is None:
-        a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl)
+        a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
+                      kv_branch_ids=branch_ids)
     else:
         k_cache, v_cache, kv_segment_ids, index = kv
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index, axis=2)
@@ -165,7 +166,7 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     return x if kv is None else (x, (k_cache, v_cache))
 
 
-def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids):
+def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids, branch_ids=None):
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be int [B, T], got shape {tokens.shape}")
     b, t = tokens.shape
@@ -173,20 +174,23 @@ def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids):
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)
-    for name, arr in (("positions", positions), ("segment_ids", segment_ids)):
-        if arr.shape != (b, t):
+    for name, arr in (("positions", positions), ("segment_ids", segment_ids), ("branch_ids", branch_ids)):
+        if arr is not None and arr.shape != (b, t):
             raise ValueError(f"{name} must have the tokens' shape {(b, t)}, got {arr.shape}")
     return positions, segment_ids
 
 
-def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
+def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None,
+                   branch_ids=None) -> jnp.ndarray:
     """Final (post-norm) hidden states [B, T, D] in `cfg.compute_dtype`.
 
     positions: int [B, T] RoPE positions (default 0..T-1). For a left-padded batch pass the per-row positions.
     segment_ids: int [B, T]; tokens attend only within their segment (pads = 0, packed docs = 1, 2, ...).
+    branch_ids: int [B, T] (optional) for prefix-shared rows such as [history, chosen, rejected] = 0, 1, 2: a branch
+    k > 0 sees the shared tokens (0) and itself, never another branch (`models.attention`).
     Stacked layers (training) run under `lax.scan`; the inference layout (`unstack_layers`) runs them in turn.
     """
-    positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids)
+    positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids, branch_ids)
     dt = jnp.dtype(cfg.compute_dtype)
     # Gather rows from the table all-gathered over its hidden dimension (as FSDP gathers every weight before use):
     # a lookup into a hidden-sharded table has no efficient partitioning.
@@ -201,10 +205,10 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
 
     if isinstance(params["layers"], (tuple, list)):  # the inference layout (`unstack_layers`)
         for layer in params["layers"]:
-            x = layer_fn(x, layer, cos, sin, segment_ids)
+            x = layer_fn(x, layer, cos, sin, segment_ids, None, branch_ids)
     else:
-        x, _ = jax.lax.scan(lambda carry, layer: (layer_fn(carry, layer, cos, sin, segment_ids), None), x,
-                            params["layers"])
+        x, _ = jax.lax.scan(lambda carry, layer: (layer_fn(carry, layer, cos, sin, segment_ids, None, branch_ids),
+                                                  None), x, params["layers"])
     return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
 
 

@@ -59,13 +59,22 @@ def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, target
 
 
 def gathered_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, gather_pos: jnp.ndarray, *,
-                      positions=None, segment_ids=None, chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
-    """log p(tokens[b, p] | tokens[b, :p]) for p = gather_pos[b, s] (all >= 1) -> float32 [B, S].
+                      gather_src: jnp.ndarray | None = None, positions=None, segment_ids=None, branch_ids=None,
+                      chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
+    """log p(tokens[b, p] | context) for p = gather_pos[b, ...] (all >= 1) -> float32 with gather_pos's shape.
+
+    The context is the hidden state at gather_src[b, ...], by default p - 1 (a plain row). Prefix-shared rows
+    ([history, chosen, rejected], `data.packing`) pass it: the first token of the rejected turn is predicted from the
+    last history token, not from the token before it in the row. gather_pos may be [B, S] or [B, K, S] (K examples
+    per row); the lookups stay within each row, so the batch dimension keeps its sharding.
 
     Only the gathered positions go through the vocabulary projection: a critic that scores assistant turns pays
     the [D, V] matmul and log-sum-exp for those tokens alone.
     """
-    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
-    h = jnp.take_along_axis(hidden, (gather_pos - 1)[..., None], axis=1)
-    targets = jnp.take_along_axis(tokens, gather_pos, axis=1)
-    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, chunk=chunk)
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids, branch_ids)
+    shape = gather_pos.shape
+    pos = gather_pos.reshape(shape[0], -1)
+    src = pos - 1 if gather_src is None else gather_src.reshape(shape[0], -1)
+    h = jnp.take_along_axis(hidden, src[..., None], axis=1)
+    targets = jnp.take_along_axis(tokens, pos, axis=1)
+    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, chunk=chunk).reshape(shape)

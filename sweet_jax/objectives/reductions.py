@@ -14,7 +14,7 @@ REDUCTIONS = ("trajectory_mean", "turn_mean_sum", "sum")
 
 def reduce_logprobs(logp: jnp.ndarray, mask: jnp.ndarray, kind: str, turn_ids: jnp.ndarray | None = None,
                     max_turns: int = 32) -> jnp.ndarray:
-    """logp, mask [B, T]; turn_ids int [B, T] (assistant-turn index, -1 elsewhere) for "turn_mean_sum" -> [B] f32.
+    """logp, mask [..., T]; turn_ids int [..., T] (assistant-turn index, -1 elsewhere) for "turn_mean_sum" -> [...] f32.
 
     A sequence with no masked tokens scores 0. Turns numbered >= max_turns raise no error but are ignored, so pick
     max_turns above the data's turn count (ColBench has at most 10 agent turns).
@@ -28,9 +28,9 @@ def reduce_logprobs(logp: jnp.ndarray, mask: jnp.ndarray, kind: str, turn_ids: j
     if kind == "turn_mean_sum":
         if turn_ids is None:
             raise ValueError("reduction 'turn_mean_sum' needs turn_ids")
-        onehot = (turn_ids[..., None] == jnp.arange(max_turns)).astype(jnp.float32) * m[..., None]  # [B, T, K]
-        sums = jnp.einsum("bt,btk->bk", lp, onehot)
-        counts = onehot.sum(1)
+        onehot = (turn_ids[..., None] == jnp.arange(max_turns)).astype(jnp.float32) * m[..., None]  # [..., T, K]
+        sums = jnp.einsum("...t,...tk->...k", lp, onehot)
+        counts = onehot.sum(-2)
         return jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), 0.0).sum(-1)
     raise ValueError(f"unknown reduction {kind!r}; expected one of {REDUCTIONS}")
 

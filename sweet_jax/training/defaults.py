@@ -40,6 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.on_error = "raise"  # raise | skip
     c.data.min_best_reward = 1.0
     c.data.num_pairs = 4  # ranked pairs per state
+    # Pairs go through the model as one row [common history, chosen, rejected] (sweet_jax.data.packing), when that
+    # saves at least pack_min_saving of their tokens; otherwise (or pack_pairs=False) as two plain rows.
+    c.data.pack_pairs = True
+    c.data.pack_min_saving = 0.1
     c.data.seed = 42
 
     c.loss = ml_collections.ConfigDict()

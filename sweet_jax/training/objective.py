@@ -13,7 +13,10 @@ Objectives (config `objective`):
             binary cross-entropy against `label` (each turn prefix labelled with its trajectory's success).
 
 A pair batch holds P chosen examples followed by their P rejected examples; `ref` [2P] carries the cached frozen
-reference scores (critic and dpo only).
+reference scores (critic and dpo only). A packed pair batch (`data.packing`) holds P rows [history, chosen, rejected]:
+its gather arrays are [P, 2, S] (the chosen then the rejected example of each row), `branch_ids` and `gather_src`
+come with it, and `ref` is [P, 2]. The objectives reduce each example in place and then see the scores in the plain
+order, so both layouts give the same losses.
 """
 
 from __future__ import annotations
@@ -32,22 +35,39 @@ PAIRED = ("critic", "dpo", "reward")  # objectives trained on (chosen, rejected)
 WITH_REFERENCE = ("critic", "dpo")  # objectives that score against a frozen reference
 SCORE_HEAD = ("reward", "value")  # objectives of a model with a scalar score head instead of the LM head
 MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
+PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed batches only
+
+
+def model_inputs(batch: dict) -> dict:
+    """The arrays of `batch` that the model and the log-prob gather read (the plain or the packed set)."""
+    return {k: batch[k] for k in MODEL_INPUTS + PACKED_INPUTS if k in batch}
+
+
+def plain_order(x):
+    """A packed batch's per-row, per-example values [P, K, ...] in the plain batch's order [K * P, ...]: every row's
+    first example (chosen), then every row's second (rejected). Plain batches' arrays pass through."""
+    return x.swapaxes(0, 1).reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x
+
+
+def _gathered_logprobs(params, model_cfg: LlamaConfig, batch, chunk: int):
+    return objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
+                                        gather_src=batch.get("gather_src"), positions=batch["positions"],
+                                        segment_ids=batch["segment_ids"], branch_ids=batch.get("branch_ids"),
+                                        chunk=chunk)
 
 
 def sequence_scores(params, model_cfg: LlamaConfig, batch, reduction: str, chunk: int, max_turns: int = 32):
-    """(reduced score [B], gathered log-probs [B, S])."""
-    lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
-                                      positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
+    """(reduced score [B], gathered log-probs [B, S]); a packed batch gives [K * P] scores in the plain order and
+    log-probs [P, K, S]."""
+    lp = _gathered_logprobs(params, model_cfg, batch, chunk)
     score = objectives.reduce_logprobs(lp, batch["gather_score"], reduction, batch["gather_turn"], max_turns)
-    return score, lp
+    return (plain_order(score) if lp.ndim == 3 else score), lp
 
 
 def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, chunk: int, reduce: bool = True):
     """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B])."""
     if objective == "sft":
-        lp = objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
-                                          positions=batch["positions"], segment_ids=batch["segment_ids"], chunk=chunk)
-        loss, metrics = objectives.sft_loss(lp, batch["gather_score"])
+        loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk), batch["gather_score"])
     elif objective in SCORE_HEAD:
         values = models.token_values(params, model_cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
         if objective == "value":
@@ -59,10 +79,14 @@ def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, 
     else:
         score, lp = sequence_scores(params, model_cfg, batch, loss_cfg.reduction, chunk)
         p = score.shape[0] // 2
-        nll = -objectives.masked_mean(lp[:p], batch["gather_nll"][:p])
+        if lp.ndim == 3:  # packed: example 0 of each row is the chosen one
+            nll = -objectives.masked_mean(lp[:, 0], batch["gather_nll"][:, 0])
+        else:
+            nll = -objectives.masked_mean(lp[:p], batch["gather_nll"][:p])
+        ref = plain_order(batch["ref"])
         fn = objectives.bradley_terry_loss if objective == "critic" else objectives.dpo_loss
-        loss, metrics = fn(score[:p], score[p:], batch["ref"][:p], batch["ref"][p:], loss_cfg.beta,
-                           chosen_nll=nll, nll_coef=loss_cfg.nll_coef)
+        loss, metrics = fn(score[:p], score[p:], ref[:p], ref[p:], loss_cfg.beta, chosen_nll=nll,
+                           nll_coef=loss_cfg.nll_coef)
     if not reduce:
         return loss.mean(), jax.tree.map(lambda v: jnp.broadcast_to(v, loss.shape), metrics)
     return loss.mean(), jax.tree.map(jnp.mean, metrics)

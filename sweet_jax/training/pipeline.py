@@ -20,10 +20,12 @@ KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values")
 
 @dataclasses.dataclass
 class Split:
-    """items: (chosen, rejected) Example tuples for pair objectives, single Examples for SFT."""
+    """items: (chosen, rejected) Example tuples for pair objectives, single Examples for SFT. packed: batches of
+    this split are prefix-shared rows, one per pair (`data.packing`; the trainer decides)."""
 
     items: list
     paired: bool
+    packed: bool = False
 
 
 @dataclasses.dataclass

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from sweet_jax import distributed, models, sharding
 from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+from sweet_jax.data import packing
 from sweet_jax.data.batching import batch_lengths, collate, default_buckets
 from sweet_jax.training import objective as obj
 from sweet_jax.training import partitioning, pipeline
@@ -94,8 +95,8 @@ def _atomic_json(path: str, obj_) -> None:
 # Each batch field: what a padding row holds (no real token, nothing scored, so it changes no token-weighted sum),
 # its dtype, and whether it spans the token length L or the gather length S.
 _FIELDS = {"tokens": (None, np.int32, "L"), "positions": (0, np.int32, "L"), "segment_ids": (0, np.int32, "L"),
-           "gather_pos": (1, np.int32, "S"), "gather_score": (False, bool, "S"), "gather_nll": (False, bool, "S"),
-           "gather_turn": (-1, np.int32, "S")}
+           "branch_ids": (0, np.int32, "L"), "gather_pos": (1, np.int32, "S"), "gather_src": (0, np.int32, "S"),
+           "gather_score": (False, bool, "S"), "gather_nll": (False, bool, "S"), "gather_turn": (-1, np.int32, "S")}
 
 
 class Batcher:
@@ -104,7 +105,8 @@ class Batcher:
     A batch whose item count does not divide by the mesh's batch shards gets padding items at the end (whole pairs
     for paired data); callers drop their outputs (`score_pairs`, `evaluate`). Training batches are always full
     (checked in `run`). On a multi-host mesh each process collates only the rows its own devices hold, padded to the
-    global batch's lengths, and the global arrays are assembled from those slices."""
+    global batch's lengths, and the global arrays are assembled from those slices. A split marked `packed` gives one
+    prefix-shared row per pair (`data.packing`)."""
 
     def __init__(self, cfg, pad_id: int, layout=None):
         self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
@@ -115,31 +117,48 @@ class Batcher:
 
     def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
-        multiple = self.layout.items_multiple(2 if split.paired else 1) if self.layout is not None else 1
+        rows_per_item = 2 if split.paired and not split.packed else 1
+        multiple = self.layout.items_multiple(rows_per_item) if self.layout is not None else 1
         p, extra = len(items), -len(items) % multiple
-        if split.paired:  # chosen, padding, rejected, padding
-            rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
-        else:
+        if split.packed:  # one row per pair, then padding
             rows = list(items) + [None] * extra
+            lengths = packing.packed_lengths(list(items), self.buckets, self.gather_buckets, self.nll_span)
+        else:
+            if split.paired:  # chosen, padding, rejected, padding
+                rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
+            else:
+                rows = list(items) + [None] * extra
+            lengths = batch_lengths([e for e in rows if e is not None], self.buckets, self.gather_buckets,
+                                    self.nll_span)
         n = len(rows)
-        lengths = batch_lengths([e for e in rows if e is not None], self.buckets, self.gather_buckets, self.nll_span)
         local = self.layout.process_rows(n) if self.layout is not None else np.arange(n)
+        names = obj.MODEL_INPUTS + (obj.PACKED_INPUTS if split.packed else ())
         batch = {}
-        for k in obj.MODEL_INPUTS:
+        for k in names:
             fill, dtype, dim = _FIELDS[k]
-            batch[k] = np.full((len(local), lengths[dim == "S"]), self.pad_id if fill is None else fill, dtype)
+            shape = (len(local), 2, lengths[1]) if dim == "S" and split.packed else (len(local), lengths[dim == "S"])
+            batch[k] = np.full(shape, self.pad_id if fill is None else fill, dtype)
         real = [j for j, i in enumerate(local) if rows[i] is not None]
         if real:
-            c = collate([rows[local[j]] for j in real], self.buckets, self.pad_id,
-                        gather_buckets=self.gather_buckets, nll_span=self.nll_span, lengths=lengths)
+            present = [rows[local[j]] for j in real]
+            if split.packed:
+                c = packing.collate_pairs(present, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
+                                          nll_span=self.nll_span, lengths=lengths)
+            else:
+                c = collate(present, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
+                            nll_span=self.nll_span, lengths=lengths)
             for k in batch:
                 batch[k][real] = c[k]
-        if any(e is not None and e.label is not None for e in rows):
+        if any(e is not None and not isinstance(e, tuple) and e.label is not None for e in rows):
             batch["label"] = np.zeros(len(local), np.float32)
             batch["label"][real] = [rows[local[j]].label for j in real]
         if ref is not None:
-            r = np.zeros(n, np.float32)
-            r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
+            if split.packed:  # [rows, 2]: each row's (chosen, rejected)
+                r = np.zeros((n, 2), np.float32)
+                r[:p] = ref[idx]
+            else:
+                r = np.zeros(n, np.float32)
+                r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
             batch["ref"] = r[local]
         return self.layout.put_batch(batch, n) if self.layout is not None else batch
 
@@ -200,6 +219,19 @@ def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
     return {k: v / count for k, v in sums.items()}
 
 
+def use_packing(cfg, train: pipeline.Split) -> bool:
+    """Whether this job trains on prefix-shared rows: a pair objective scored by log-probs (critic, dpo), packing on
+    (`data.pack_pairs`), and pairs whose common histories hold at least `data.pack_min_saving` of their tokens."""
+    if not (train.paired and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs and train.items):
+        return False
+    packed, plain = packing.packed_tokens(train.items)
+    pack = packing.worth_packing(train.items, cfg.data.pack_min_saving)
+    log.info("pairs share %.0f%% of their tokens: %s", 100 * (1 - packed / plain),
+             "one prefix-shared row per pair" if pack else f"plain rows (below data.pack_min_saving="
+                                                            f"{cfg.data.pack_min_saving})")
+    return pack
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 def run(cfg) -> dict:
     """Train according to `cfg` (an ml_collections ConfigDict, see configs/). Returns the final metrics."""
@@ -249,11 +281,14 @@ def run(cfg) -> dict:
         rules = sharding.parse_rules(cfg.mesh.rules)
     except ValueError as e:
         raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor, mesh.rules)") from None
+    pack = use_packing(cfg, train)
+    train.packed = held_out.packed = pack
     layout = partitioning.Layout(mesh, model_cfg, tx, freeze, rules)
-    multiple = layout.items_multiple(2 if paired else 1)
+    two_rows = paired and not pack
+    multiple = layout.items_multiple(2 if two_rows else 1)
     if micro % multiple:
         raise SetupError(f"optim.micro_batch_size={micro} must be a multiple of {multiple}, so that its "
-                         f"{'2 x ' if paired else ''}{micro} sequences split over the mesh's batch shards (data x "
+                         f"{'2 x ' if two_rows else ''}{micro} sequences split over the mesh's batch shards (data x "
                          f"fsdp = {layout.batch_shards}): set optim.micro_batch_size={multiple} (and "
                          f"optim.batch_size to a multiple of it)")
     log.info("mesh %s on %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size, jax.devices()[0].platform,
@@ -312,7 +347,9 @@ def run(cfg) -> dict:
         idx = order[i * micro:(i + 1) * micro]
         b = batcher(train, idx, ref_train)
         if recompute:
-            s = np.asarray(score_fn(frozen, {k: b[k] for k in obj.MODEL_INPUTS}), np.float32)
+            s = np.asarray(score_fn(frozen, obj.model_inputs(b)), np.float32)
+            if pack:  # the scores come in the plain order; a packed batch's ref is [rows, 2]
+                s = s.reshape(2, -1).T
             b["ref"] = layout.put_batch({"ref": s[layout.process_rows(len(s))]}, len(s))["ref"]
         return b
 

@@ -1,0 +1,138 @@
+"""Prefix-shared packing ([history, chosen, rejected] in one row) gives the unpacked pairs' log-probs, losses and
+gradients: the reference is the plain layout, one example per row, as `batching.collate` builds it."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from sweet_jax import models
+from sweet_jax.data import packing
+from sweet_jax.data.batching import collate, default_buckets
+from sweet_jax.data.examples import Example
+from sweet_jax.models.attention import attention_mask
+from sweet_jax.training import objective as obj
+
+CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                                num_heads=4, num_kv_heads=2)
+BUCKETS = default_buckets(256, 16)
+GATHER = default_buckets(256, 8)
+
+
+def _example(tokens, turns) -> Example:
+    """turns: (start, end) spans of assistant turns (scored); the last one is the response."""
+    tokens = np.asarray(tokens, np.int32)
+    score = np.zeros(len(tokens), bool)
+    response = np.zeros(len(tokens), bool)
+    turn_ids = np.full(len(tokens), -1, np.int32)
+    for t, (a, b) in enumerate(turns):
+        score[a:b] = True
+        turn_ids[a:b] = t
+    response[turns[-1][0]:turns[-1][1]] = True
+    return Example(tokens, score, response, turn_ids, False, "test")
+
+
+def _pair(rng, shared: int, tail_c: int, tail_r: int, *, same_opening: int = 0):
+    """A chosen / rejected pair whose token sequences share exactly `shared` tokens (plus `same_opening` tokens of
+    the final turn, when the history ends mid-turn). The history holds one earlier assistant turn."""
+    history = rng.integers(0, 512, shared).tolist()
+    opening = rng.integers(0, 512, same_opening).tolist()
+    c_tail = rng.integers(0, 256, tail_c).tolist()
+    r_tail = rng.integers(256, 512, tail_r).tolist()  # disjoint ranges: the sequences differ right after the prefix
+    earlier = [(shared // 3, shared // 2)] if shared >= 6 else []
+    c = _example(history + opening + c_tail, earlier + [(shared, shared + same_opening + tail_c)])
+    r = _example(history + opening + r_tail, earlier + [(shared, shared + same_opening + tail_r)])
+    return c, r
+
+
+def _plain_batch(pairs, nll_span="score"):
+    rows = [c for c, _ in pairs] + [r for _, r in pairs]
+    b = collate(rows, BUCKETS, 0, gather_buckets=GATHER, nll_span=nll_span)
+    return {k: jnp.asarray(b[k]) for k in obj.MODEL_INPUTS}
+
+
+def _packed_batch(pairs, nll_span="score", pad_side="right"):
+    b = packing.collate_pairs(pairs, BUCKETS, 0, gather_buckets=GATHER, nll_span=nll_span, pad_side=pad_side)
+    return {k: jnp.asarray(v) for k, v in b.items()}
+
+
+def _pairs(rng):
+    """Pairs with 0, 1 and many shared tokens, and one whose shared part ends inside the final turn."""
+    return [_pair(rng, 0, 9, 14), _pair(rng, 1, 12, 5), _pair(rng, 61, 17, 23), _pair(rng, 40, 6, 11, same_opening=4)]
+
+
+def test_pack_pair_layout_by_hand():
+    c = _example([5, 6, 7, 8, 1, 2, 3], [(4, 7)])
+    r = _example([5, 6, 7, 8, 9, 4], [(4, 6)])
+    row = packing.pack_pair(c, r)
+    assert row.shared == 4
+    assert row.tokens.tolist() == [5, 6, 7, 8, 1, 2, 3, 9, 4]
+    assert row.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 5]
+    assert row.branch_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    assert row.index[1].tolist() == [0, 1, 2, 3, 7, 8]
+    b = packing.collate_pairs([(c, r)], BUCKETS, 0, gather_buckets=GATHER)
+    # the rejected turn's first token (row index 7) is predicted from the last history token (index 3)
+    assert b["gather_pos"][0, 1, :2].tolist() == [7, 8] and b["gather_src"][0, 1, :2].tolist() == [3, 7]
+    assert b["gather_pos"][0, 0, :3].tolist() == [4, 5, 6] and b["gather_src"][0, 0, :3].tolist() == [3, 4, 5]
+
+
+def test_branch_mask_by_hand():
+    seg = jnp.asarray([[1, 1, 1, 1, 1, 0]])
+    branch = jnp.asarray([[0, 0, 1, 1, 2, 0]])
+    got = np.asarray(attention_mask(seg, seg, q_branch_ids=branch, kv_branch_ids=branch))[0, 0].astype(int)
+    want = [[1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],  # the rejected token sees the history, not the chosen turn
+            [0, 0, 0, 0, 0, 1]]  # a pad sees only pads
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_packed_logprobs_equal_unpacked(impl):
+    cfg = CFG.replace(attention_impl=impl)
+    params = models.init_params(cfg, jax.random.key(0), std=0.1)
+    pairs = _pairs(np.random.default_rng(0))
+    _, plain_lp = obj.sequence_scores(params, cfg, _plain_batch(pairs), "sum", 16)
+    for pad_side in ("right", "left"):
+        _, packed_lp = obj.sequence_scores(params, cfg, _packed_batch(pairs, pad_side=pad_side), "sum", 16)
+        packed_lp = np.asarray(obj.plain_order(packed_lp))
+        gathered = np.asarray(_plain_batch(pairs)["gather_score"])
+        assert gathered.sum() > 0
+        np.testing.assert_allclose(packed_lp[:, :plain_lp.shape[1]] * gathered, np.asarray(plain_lp) * gathered,
+                                   atol=1e-5)
+
+
+@pytest.mark.parametrize("objective,reduction,nll_span", [("dpo", "sum", "response"),
+                                                          ("critic", "turn_mean_sum", "score"),
+                                                          ("critic", "trajectory_mean", "all")])
+def test_packed_loss_and_gradients_equal_unpacked(objective, reduction, nll_span):
+    params = models.init_params(CFG, jax.random.key(1), std=0.1)
+    pairs = _pairs(np.random.default_rng(1))
+    ref = np.random.default_rng(2).normal(size=(len(pairs), 2)).astype(np.float32)
+    loss_cfg = ml_collections.ConfigDict({"beta": 0.5, "nll_coef": 0.3, "reduction": reduction})
+    plain = _plain_batch(pairs, nll_span) | {"ref": jnp.asarray(ref.T.reshape(-1))}
+    packed = _packed_batch(pairs, nll_span) | {"ref": jnp.asarray(ref)}
+
+    def loss_and_grad(batch):
+        fn = lambda p: obj.loss_fn(p, batch, objective=objective, model_cfg=CFG, loss_cfg=loss_cfg, chunk=16)  # noqa
+        return jax.value_and_grad(fn, has_aux=True)(params)
+
+    (l0, m0), g0 = loss_and_grad(plain)
+    (l1, m1), g1 = loss_and_grad(packed)
+    np.testing.assert_allclose(float(l1), float(l0), atol=1e-5)
+    for k in m0:
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), atol=1e-5, err_msg=k)
+    worst = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))
+    assert worst <= 1e-5, worst
+    assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g0)) > 1e-3  # the gradients are not trivially zero
+
+
+def test_packing_is_worth_it_only_with_a_common_history():
+    rng = np.random.default_rng(3)
+    assert packing.worth_packing([_pair(rng, 200, 20, 20)])
+    assert not packing.worth_packing([_pair(rng, 1, 30, 30), _pair(rng, 0, 10, 10)])
+    packed, plain = packing.packed_tokens([_pair(rng, 100, 10, 20)])
+    assert (packed, plain) == (130, 230)
