@@ -1,8 +1,11 @@
 """Run a snippet in a fresh Python with N fake CPU devices (XLA_FLAGS must be set before jax is imported)."""
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 
@@ -16,6 +19,19 @@ def run_with_devices(code: str, n: int = 8, timeout: int = 600) -> str:
     if proc.returncode:
         raise AssertionError(f"subprocess failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}")
     return proc.stdout
+
+
+@contextlib.contextmanager
+def one_job_at_a_time():
+    """Hold a machine-wide lock while a local multi-process JAX job runs. The test suite runs on several pytest-xdist
+    workers; two such jobs at once on a small machine (each process busy-waiting in its collectives) starved each
+    other past their timeouts."""
+    with open(os.path.join(tempfile.gettempdir(), "sweet_jax_tests_multiprocess.lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _free_port() -> int:
@@ -40,15 +56,16 @@ def multiprocess_env(n_processes: int, devices_per_process: int) -> list[dict]:
 def run_processes(cmd: list[str], n_processes: int = 2, devices_per_process: int = 4, timeout: int = 600,
                   cwd=None) -> list[subprocess.CompletedProcess]:
     """Run `cmd` as every process of a local multi-host job; returns their completed processes (in id order)."""
-    procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for env in multiprocess_env(n_processes, devices_per_process)]
-    out = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout)
-            out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    with one_job_at_a_time():
+        procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for env in multiprocess_env(n_processes, devices_per_process)]
+        out = []
+        try:
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=timeout)
+                out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
     return out

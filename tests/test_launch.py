@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+from multidevice import one_job_at_a_time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOIN = ("from sweet_jax import distributed; distributed.initialize(); import jax, os; "
         "os.write(1, b'JOINED %d %d %d\\n' % (jax.process_index(), jax.process_count(), jax.device_count()))")
@@ -33,8 +35,9 @@ def _env(tmp_path, **extra):
 
 
 def _launch(script, *args, env=None, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=ROOT)
+    with one_job_at_a_time():
+        return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
+                              text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ TPU pod slice
@@ -111,8 +114,9 @@ def test_slurm_job_joins_every_task_into_one_job(tmp_path):
     assert proc.returncode == 0, proc.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(proc.stdout)
-    job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
-                         env=_env(tmp_path, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[1-2]", SLURM_NTASKS="2"))
+    with one_job_at_a_time():
+        job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
+                             env=_env(tmp_path, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[1-2]", SLURM_NTASKS="2"))
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     joined = sorted(line for line in job.stdout.splitlines() if line.startswith("JOINED"))
     assert joined == ["JOINED 0 2 4", "JOINED 1 2 4"], job.stdout

@@ -93,8 +93,9 @@ def test_xla_attention_matches_reference_square_and_not(t):
 
 @pytest.mark.parametrize("t", [16, 8, 13])
 def test_query_blocked_reference_attention_is_exact(t):
-    """Blocks of about 4 queries (each building its own mask) equal one unblocked pass, square and suffix queries,
-    and a query count that does not split evenly (13: padded to two blocks of 8)."""
+    """Blocks of about 4 queries (each building its own mask, causal blocks reading only the keys up to their last
+    query) equal one unblocked pass, for square and suffix queries and a query count that does not split evenly
+    (13; with a traced offset: padded to two blocks of 8)."""
     from sweet_jax.models.attention import reference_attention
 
     k1, k2, k3 = jax.random.split(jax.random.key(6), 3)
@@ -105,6 +106,9 @@ def test_query_blocked_reference_attention_is_exact(t):
     q_seg = kv_seg[:, 16 - t:]
     whole = reference_attention(q, k, v, q_seg, kv_seg, q_block=16)
     np.testing.assert_allclose(reference_attention(q, k, v, q_seg, kv_seg, q_block=4), whole, atol=1e-6)
+    # the same blocks for a traced query offset (a KV cache's write index): lax.map over padded equal blocks
+    offset = jax.jit(lambda o: reference_attention(q, k, v, q_seg, kv_seg, q_block=4, q_offset=o))(16 - t)
+    np.testing.assert_allclose(offset, whole, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["xla"])

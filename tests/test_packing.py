@@ -136,3 +136,20 @@ def test_packing_is_worth_it_only_with_a_common_history():
     assert not packing.worth_packing([_pair(rng, 1, 30, 30), _pair(rng, 0, 10, 10)])
     packed, plain = packing.packed_tokens([_pair(rng, 100, 10, 20)])
     assert (packed, plain) == (130, 230)
+
+
+def test_blocked_reference_attention_keeps_the_branches():
+    """Query blocks (static, and under a traced offset) apply the branch rule exactly as one unblocked pass."""
+    from sweet_jax.models.attention import reference_attention
+
+    k1, k2, k3 = jax.random.split(jax.random.key(4), 3)
+    q, k, v = (jax.random.normal(key, (2, 14, 2, 8)) for key in (k1, k2, k3))
+    seg = jnp.asarray([[1] * 14, [0] * 2 + [1] * 12])
+    branch = jnp.asarray([[0] * 6 + [1] * 5 + [2] * 3, [0] * 2 + [0] * 4 + [1] * 3 + [2] * 5])
+    kw = dict(q_branch_ids=branch, kv_branch_ids=branch)
+    whole = reference_attention(q, k, v, seg, seg, q_block=64, **kw)
+    np.testing.assert_allclose(reference_attention(q, k, v, seg, seg, q_block=4, **kw), whole, atol=1e-6)
+    traced = jax.jit(lambda o: reference_attention(q, k, v, seg, seg, q_block=4, q_offset=o, **kw))(0)
+    np.testing.assert_allclose(traced, whole, atol=1e-6)
+    plain = reference_attention(q, k, v, seg, seg, q_block=64)
+    assert float(jnp.abs(plain - whole).max()) > 1e-3  # the branch rule changes the result

@@ -51,12 +51,14 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
 
 
 def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = True, scale: float | None = None,
-                        q_block: int = 2048, q_offset=None, q_branch_ids=None, kv_branch_ids=None):
+                        q_block: int = 512, q_offset=None, q_branch_ids=None, kv_branch_ids=None):
     """q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H]. Softmax in f32.
 
     Query t sits at key index q_offset + t (default: the queries are the last T keys; a KV cache passes its write
-    index). More than `q_block` queries are processed in equal blocks of at most about `q_block`, each building its own
-    mask, so memory is O(q_block * S), not O(T * S), in the forward and the backward pass.
+    index). More than `q_block` queries are processed in blocks of about `q_block`, each building its own mask and
+    rematerialised in the backward pass, so memory is O(q_block * S), not O(T * S), in both directions. With the
+    default offset (a full forward) the blocks are static and a causal block reads only the keys up to its last
+    query: the keys after it are all masked, so a long causal sequence costs about half the full square.
     """
     b, t = q.shape[:2]
     s = k.shape[1]
@@ -66,9 +68,27 @@ def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool 
         mask = attention_mask(q_segment_ids, kv_segment_ids, causal, q_offset=base, q_branch_ids=q_branch_ids,
                               kv_branch_ids=kv_branch_ids)
         return _attend(q, k, v, mask, scale)
-    # Blocks of equal size, at most about q_block (t split evenly, else rounded up to a multiple of 8 with the queries
-    # padded to fill the last block). A padded query has segment id -1, matches no key, and its (uniform, finite)
-    # output is cut off below.
+    branched = q_branch_ids is not None
+
+    def attend_block(qi, ki, vi, q_seg, kv_seg, offset, q_branch, kv_branch):
+        mask = attention_mask(q_seg, kv_seg, causal, q_offset=offset, q_branch_ids=q_branch,
+                              kv_branch_ids=kv_branch)
+        return _attend(qi, ki, vi, mask, scale)
+
+    if q_offset is None:
+        outs = []
+        for lo in range(0, t, q_block):
+            hi = min(lo + q_block, t)
+            stop = base + hi if causal else s
+            fn = jax.checkpoint(functools.partial(attend_block, offset=base + lo))
+            outs.append(fn(q[:, lo:hi], k[:, :stop], v[:, :stop], q_segment_ids[:, lo:hi], kv_segment_ids[:, :stop],
+                           q_branch=q_branch_ids[:, lo:hi] if branched else None,
+                           kv_branch=kv_branch_ids[:, :stop] if branched else None))
+        return jnp.concatenate(outs, axis=1)
+
+    # A traced offset (a KV cache's write index): equal blocks under lax.map over every key. Blocks of at most about
+    # q_block (t split evenly, else rounded up to a multiple of 8, the queries padded to fill the last block); a
+    # padded query has segment id -1, matches no key, and its (uniform, finite) output is cut off below.
     per = -(-t // -(-t // q_block))
     size = per if t % per == 0 else -(-per // 8) * 8
     nb = -(-t // size)
@@ -78,19 +98,13 @@ def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool 
         x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
         return jnp.moveaxis(x.reshape(b, nb, size, *x.shape[2:]), 1, 0)
 
-    qb, segb = blocks(q), blocks(q_segment_ids, -1)
-    branchb = None if q_branch_ids is None else blocks(q_branch_ids)
-    offsets = jnp.arange(nb) * size + base
-
-    # Each block is rematerialised in the backward pass, so the gradient keeps no [q_block, S] probabilities either.
     @jax.checkpoint
     def block(args):
         qi, seg, off, branch = args
-        mask = attention_mask(seg, kv_segment_ids, causal, q_offset=off, q_branch_ids=branch,
-                              kv_branch_ids=kv_branch_ids)
-        return _attend(qi, k, v, mask, scale)
+        return attend_block(qi, k, v, seg, kv_segment_ids, off, branch, kv_branch_ids)
 
-    out = jax.lax.map(block, (qb, segb, offsets, branchb))
+    out = jax.lax.map(block, (blocks(q), blocks(q_segment_ids, -1), jnp.arange(nb) * size + base,
+                              blocks(q_branch_ids) if branched else None))
     return jnp.moveaxis(out, 0, 1).reshape(b, nb * size, *q.shape[2:])[:, :t]
 
 
