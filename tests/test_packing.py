@@ -153,3 +153,70 @@ def test_blocked_reference_attention_keeps_the_branches():
     np.testing.assert_allclose(traced, whole, atol=1e-6)
     plain = reference_attention(q, k, v, seg, seg, q_block=64)
     assert float(jnp.abs(plain - whole).max()) > 1e-3  # the branch rule changes the result
+
+
+# ------------------------------------------------------------------------------------------------ single examples
+def _examples(rng, lengths):
+    """SFT examples of the given lengths, each with two assistant turns."""
+    return [_example(rng.integers(0, 512, n).tolist(), [(n // 4, n // 2), (3 * n // 4, n)]) for n in lengths]
+
+
+def test_pack_rows_by_hand():
+    # longest first into the first row with room: 5 -> row A, 4 -> row B, 3 -> A (full), 2 -> B
+    assert packing.pack_rows([5, 3, 4, 2], 8) == [[0, 1], [2, 3]]
+    assert packing.pack_rows([8, 1, 1], 8) == [[0], [1, 2]]
+    with pytest.raises(ValueError, match="9 tokens does not fit rows of 8"):
+        packing.pack_rows([9], 8)
+
+
+def test_collate_examples_layout_by_hand():
+    a = _example([5, 6, 7, 8, 9], [(2, 5)])
+    b = _example([1, 2, 3], [(1, 3)])
+    out = packing.collate_examples([[a, b]], BUCKETS, 0, gather_buckets=GATHER)
+    assert out["tokens"][0, :9].tolist() == [5, 6, 7, 8, 9, 1, 2, 3, 0]
+    assert out["positions"][0, :9].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0]
+    assert out["segment_ids"][0, :9].tolist() == [1, 1, 1, 1, 1, 2, 2, 2, 0]
+    assert out["example_mask"].tolist() == [[True, True]]
+    # each example's scored tokens, at their index in the row
+    assert out["gather_pos"][0, 0, :3].tolist() == [2, 3, 4] and out["gather_score"][0, 0].sum() == 3
+    assert out["gather_pos"][0, 1, :2].tolist() == [6, 7] and out["gather_score"][0, 1].sum() == 2
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_packed_examples_loss_and_gradients_equal_unpacked(multiple):
+    """SFT on rows of several examples: the same loss, metrics and gradients as one example per row."""
+    params = models.init_params(CFG, jax.random.key(4), std=0.1)
+    examples = _examples(np.random.default_rng(4), [70, 9, 33, 21, 50, 12, 64, 5])
+    index, rows_needed = packing.example_rows(examples, BUCKETS, multiple)
+    assert len(index) < len(examples) and rows_needed % multiple == 0 and rows_needed >= len(index)
+    rows = [[examples[i] for i in row] for row in index]
+    packed = packing.collate_examples(rows, BUCKETS, 0, gather_buckets=GATHER)
+    pad = rows_needed - len(rows)  # empty rows, as the trainer's batcher adds them for the mesh
+    packed = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in packed.items()}
+    plain = collate(examples, BUCKETS, 0, gather_buckets=GATHER)
+    assert packed["tokens"].shape[1] == plain["tokens"].shape[1]  # rows no longer than the plain ones
+
+    def loss_and_grad(batch):
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in obj.MODEL_INPUTS + ("example_mask",)}
+        fn = lambda p: obj.loss_fn(p, batch, objective="sft", model_cfg=CFG, loss_cfg=None, chunk=16)  # noqa
+        return jax.value_and_grad(fn, has_aux=True)(params)
+
+    (l0, m0), g0 = loss_and_grad(plain)
+    (l1, m1), g1 = loss_and_grad(packed)
+    np.testing.assert_allclose(float(l1), float(l0), atol=1e-5)
+    np.testing.assert_allclose(float(m1["tokens"]), float(m0["tokens"]), atol=1e-5)
+    worst = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))
+    assert worst <= 1e-5, worst
+    assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g0)) > 1e-3
+
+
+def test_example_packing_saves_padding_only_with_varied_lengths():
+    rng = np.random.default_rng(5)
+    varied = _examples(rng, [120, 10, 15, 100, 20, 30, 12, 110])
+    packed, plain = packing.packed_row_tokens(varied, [range(8)], BUCKETS)
+    assert packed < 0.6 * plain
+    same = _examples(rng, [120] * 8)
+    assert packing.packed_row_tokens(same, [range(8)], BUCKETS) == (8 * 128, 8 * 128)
+    assert packing.example_rows(same, BUCKETS)[1] == 8  # rows no longer than the plain ones: one example each
+    rows, r = packing.example_rows(same, BUCKETS, multiple=3, row_length=250)  # or up to a set length (bucket 256)
+    assert rows == [[0, 1], [2, 3], [4, 5], [6, 7]] and r == 6

@@ -150,6 +150,27 @@ def test_packed_pairs_train_like_plain_pairs(tmp_path):
 
 
 @pytest.mark.slow
+def test_packed_examples_train_like_plain_examples(tmp_path):
+    """Rejection fine-tuning on rows of several examples (the default) and on one example per row: the same held-out
+    metrics and weights."""
+    # the synthetic examples are 108-140 tokens (plain rows: 192): rows of 384 hold 2 or 3 of them, 25% fewer tokens
+    args = ("--config.optim.lr=1e-4", "--config.optim.batch_size=8", "--config.optim.micro_batch_size=8",
+            "--config.data.pack_length=384")
+    packed = _run("rft_tiny.py", tmp_path / "packed", *args)
+    plain = _run("rft_tiny.py", tmp_path / "plain", *args, "--config.data.pack_examples=False")
+    assert packed.returncode == 0 and plain.returncode == 0, (packed.stderr + plain.stderr)[-3000:]
+    assert "fewer padded tokens: packed rows" in packed.stderr and "fewer padded tokens" not in plain.stderr
+    a = json.loads((tmp_path / "packed" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "plain" / "metrics.json").read_text())
+    assert a["steps"] == b["steps"] > 0
+    for k in ("loss", "tokens"):
+        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
+    assert abs(a["last_train"]["loss"] - b["last_train"]["loss"]) <= 1e-4
+    ta, tb = _hf_tensors(tmp_path / "packed"), _hf_tensors(tmp_path / "plain")
+    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+
+
+@pytest.mark.slow
 def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
     mesh_args = ["--config.optim.batch_size=4", "--config.optim.micro_batch_size=4", "--config.train.eval_batch_size=3",
                  "--config.optim.lr=1e-4"]  # 3-pair eval batches: padded to the 4 batch shards

@@ -17,6 +17,16 @@ well as their target (`gather_pos`).
 The common prefix is taken on token ids, so it may end anywhere: inside an assistant turn when both candidates open
 with the same words, or at 0 or 1 shared tokens (then the row is simply both sequences side by side). Packing pays
 when the shared part is large; `worth_packing` decides for a dataset.
+
+Single examples (SFT / RFT) pack differently: several whole examples share one row, each its own segment (ids 1, 2,
+...) with positions from 0, so attention never crosses between them. `pack_rows` fills rows (first fit, longest
+first) no longer than the batch's plain row length, so a packed batch has fewer rows of the same length, or up to a
+set row length (fewer, longer rows also for examples of one length, as TRL's SFT packing does); the gathers are
+[R, K, S] (K example slots per row) and `example_mask` [R, K] marks the slots that hold an example.
+
+    tokens      a0 a1 a2 a3 a4 | b0 b1 b2 | pad
+    positions    0  1  2  3  4 |  0  1  2 |  0
+    segment_ids  1  1  1  1  1 |  2  2  2 |  0
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from sweet_jax.data.batching import (NLL_SPANS, batch_lengths, bucket_length, empty_gathers, fill_gathers,
-                                     gather_positions)
+                                     gather_positions, round_up)
 from sweet_jax.data.examples import Example
 
 PAD_SIDES = ("right", "left")
@@ -126,3 +136,93 @@ def collate_pairs(pairs: Sequence[tuple[Example, Example]], buckets: Sequence[in
             fill_gathers(out, (i, k), e, idx, nll, start + index[idx])
             out["gather_src"][i, k, :len(idx)] = start + index[idx - 1]
     return out
+
+
+# ------------------------------------------------------------------------------------------------ single examples
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Example indices grouped into rows of at most `capacity` tokens (first fit, longest first; deterministic), each
+    row's indices in increasing order, rows ordered by their first index."""
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"an example of {max(lengths)} tokens does not fit rows of {capacity}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return sorted((sorted(r) for r in rows), key=lambda r: r[0])
+
+
+def example_rows(examples: Sequence[Example], buckets: Sequence[int], multiple: int = 1,
+                 row_length: int = 0) -> tuple[list[list[int]], int]:
+    """(rows of example indices, R): the examples packed into rows of at most `row_length` tokens, or (0, or when
+    shorter) of their plain batch's row length (the bucket of the longest example), and the row count to pad to: a
+    multiple of `multiple` (the mesh's batch shards) from a few sizes, so that jit meets few shapes."""
+    longest = max(len(e) for e in examples)
+    rows = pack_rows([len(e) for e in examples], bucket_length(max(longest, row_length), buckets))
+    return rows, multiple * round_up(-(-len(rows) // multiple), 1)
+
+
+def packed_example_lengths(rows: Sequence[Sequence[Example]], buckets: Sequence[int], gather_buckets: Sequence[int],
+                           nll_span: str = "score") -> tuple[int, int, int]:
+    """(L, K, S): the padded row length, example slots per row and per-example gather length of these rows."""
+    length = bucket_length(max(sum(len(e) for e in row) for row in rows), buckets)
+    s = batch_lengths([e for row in rows for e in row], buckets, gather_buckets, nll_span)[1]
+    return length, round_up(max(len(row) for row in rows), 1), s
+
+
+def collate_examples(rows: Sequence[Sequence[Example]], buckets: Sequence[int], pad_id: int, *,
+                     gather_buckets: Sequence[int], nll_span: str = "score",
+                     lengths: tuple[int, int, int] | None = None) -> dict[str, np.ndarray]:
+    """Several examples per row, right-padded to a bucket (or to `lengths` = (L, K, S), see `packed_example_lengths`).
+
+    Returns tokens, positions (from 0 in every example), segment_ids (example j of a row: j + 1; pad: 0) [R, L],
+    example_mask [R, K] and the gathers of each slot [R, K, S] (gather_pos is the target's index in the row; its
+    context is the token before it, inside the same example)."""
+    if nll_span not in NLL_SPANS:
+        raise ValueError(f"nll_span must be one of {NLL_SPANS}, got {nll_span!r}")
+    if lengths is None:
+        lengths = packed_example_lengths(rows, buckets, gather_buckets, nll_span)
+    length, k, s = lengths
+    r = len(rows)
+    out = {
+        "tokens": np.full((r, length), pad_id, np.int32),
+        "positions": np.zeros((r, length), np.int32),
+        "segment_ids": np.zeros((r, length), np.int32),
+        "example_mask": np.zeros((r, k), bool),
+        **empty_gathers((r, k), s),
+    }
+    for i, row in enumerate(rows):
+        if len(row) > k or sum(len(e) for e in row) > length:
+            raise ValueError(f"a row of {len(row)} examples, {sum(len(e) for e in row)} tokens, does not fit "
+                             f"lengths={lengths}")
+        start = 0
+        for j, e in enumerate(row):
+            span = slice(start, start + len(e))
+            out["tokens"][i, span] = e.tokens
+            out["positions"][i, span] = np.arange(len(e))
+            out["segment_ids"][i, span] = j + 1
+            out["example_mask"][i, j] = True
+            idx, nll = gather_positions(e, nll_span)
+            if len(idx) > s:
+                raise ValueError(f"an example needs {len(idx)} gathered positions; lengths={lengths}")
+            fill_gathers(out, (i, j), e, idx, nll, start + idx)
+            start += len(e)
+    return out
+
+
+def packed_row_tokens(examples: Sequence[Example], batches: Sequence[Sequence[int]], buckets: Sequence[int],
+                      multiple: int = 1, row_length: int = 0) -> tuple[int, int]:
+    """(padded tokens packed, padded tokens plain) over the batches (lists of indices into `examples`)."""
+    packed = plain = 0
+    for idx in batches:
+        batch = [examples[i] for i in idx]
+        rows, r = example_rows(batch, buckets, multiple, row_length)
+        plain += len(idx) * bucket_length(max(len(e) for e in batch), buckets)
+        packed += r * bucket_length(max(sum(len(batch[i]) for i in row) for row in rows), buckets)
+    return packed, plain

@@ -41,8 +41,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.min_best_reward = 1.0
     c.data.num_pairs = 4  # ranked pairs per state
     # Pairs go through the model as one row [common history, chosen, rejected] (sweet_jax.data.packing), when that
-    # saves at least pack_min_saving of their tokens; otherwise (or pack_pairs=False) as two plain rows.
+    # saves at least pack_min_saving of their tokens; otherwise (or pack_pairs=False) as two plain rows. SFT examples
+    # go several to a row (each its own segment) when that saves pack_min_saving of the padded tokens; rows are as
+    # long as the batch's longest example (its plain row), or pack_length tokens when that is longer.
     c.data.pack_pairs = True
+    c.data.pack_examples = True
+    c.data.pack_length = 0
     c.data.pack_min_saving = 0.1
     c.data.seed = 42
 

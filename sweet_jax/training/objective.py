@@ -16,7 +16,8 @@ A pair batch holds P chosen examples followed by their P rejected examples; `ref
 reference scores (critic and dpo only). A packed pair batch (`data.packing`) holds P rows [history, chosen, rejected]:
 its gather arrays are [P, 2, S] (the chosen then the rejected example of each row), `branch_ids` and `gather_src`
 come with it, and `ref` is [P, 2]. The objectives reduce each example in place and then see the scores in the plain
-order, so both layouts give the same losses.
+order, so both layouts give the same losses. A packed SFT batch holds R rows of up to K whole examples each:
+gathers [R, K, S], and `example_mask` [R, K] marks the slots holding one; its loss is the mean over those examples.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ PAIRED = ("critic", "dpo", "reward")  # objectives trained on (chosen, rejected)
 WITH_REFERENCE = ("critic", "dpo")  # objectives that score against a frozen reference
 SCORE_HEAD = ("reward", "value")  # objectives of a model with a scalar score head instead of the LM head
 MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
-PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed batches only
+PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed pair batches only
 
 
 def model_inputs(batch: dict) -> dict:
@@ -68,6 +69,12 @@ def loss_fn(params, batch, *, objective: str, model_cfg: LlamaConfig, loss_cfg, 
     """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B])."""
     if objective == "sft":
         loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk), batch["gather_score"])
+        if "example_mask" in batch:  # rows of several examples: the mean over the examples they hold
+            if not reduce:
+                raise ValueError("per-example metrics need the plain layout (packed rows hold several examples)")
+            w = batch["example_mask"].astype(jnp.float32)
+            n = jnp.maximum(w.sum(), 1.0)
+            return (loss * w).sum() / n, jax.tree.map(lambda v: (v * w).sum() / n, metrics)
     elif objective in SCORE_HEAD:
         values = models.token_values(params, model_cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
         if objective == "value":

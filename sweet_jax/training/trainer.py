@@ -96,7 +96,8 @@ def _atomic_json(path: str, obj_) -> None:
 # its dtype, and whether it spans the token length L or the gather length S.
 _FIELDS = {"tokens": (None, np.int32, "L"), "positions": (0, np.int32, "L"), "segment_ids": (0, np.int32, "L"),
            "branch_ids": (0, np.int32, "L"), "gather_pos": (1, np.int32, "S"), "gather_src": (0, np.int32, "S"),
-           "gather_score": (False, bool, "S"), "gather_nll": (False, bool, "S"), "gather_turn": (-1, np.int32, "S")}
+           "gather_score": (False, bool, "S"), "gather_nll": (False, bool, "S"), "gather_turn": (-1, np.int32, "S"),
+           "example_mask": (False, bool, "K")}
 
 
 class Batcher:
@@ -106,19 +107,26 @@ class Batcher:
     for paired data); callers drop their outputs (`score_pairs`, `evaluate`). Training batches are always full
     (checked in `run`). On a multi-host mesh each process collates only the rows its own devices hold, padded to the
     global batch's lengths, and the global arrays are assembled from those slices. A split marked `packed` gives one
-    prefix-shared row per pair (`data.packing`)."""
+    prefix-shared row per pair, or (single examples) rows of several whole examples (`data.packing`)."""
 
     def __init__(self, cfg, pad_id: int, layout=None):
-        self.buckets = default_buckets(cfg.data.max_len, cfg.data.min_bucket)
+        self.buckets = self.buckets_of(cfg)
         self.gather_buckets = default_buckets(cfg.data.max_len, 16)
         self.pad_id = pad_id
         self.nll_span = cfg.loss.nll_span
+        self.pack_length = cfg.data.pack_length
         self.layout = layout
+
+    @staticmethod
+    def buckets_of(cfg) -> tuple[int, ...]:
+        return default_buckets(cfg.data.max_len, cfg.data.min_bucket)
 
     def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
         rows_per_item = 2 if split.paired and not split.packed else 1
         multiple = self.layout.items_multiple(rows_per_item) if self.layout is not None else 1
+        if split.packed and not split.paired:
+            return self._example_rows(items, multiple)
         p, extra = len(items), -len(items) % multiple
         if split.packed:  # one row per pair, then padding
             rows = list(items) + [None] * extra
@@ -160,6 +168,26 @@ class Batcher:
                 r = np.zeros(n, np.float32)
                 r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
             batch["ref"] = r[local]
+        return self.layout.put_batch(batch, n) if self.layout is not None else batch
+
+    def _example_rows(self, items, multiple: int):
+        """Single examples packed several to a row (`packing.collate_examples`), padded with empty rows to R."""
+        index, n = packing.example_rows(items, self.buckets, multiple, self.pack_length)
+        rows = [[items[i] for i in row] for row in index]
+        lengths = packing.packed_example_lengths(rows, self.buckets, self.gather_buckets, self.nll_span)
+        local = self.layout.process_rows(n) if self.layout is not None else np.arange(n)
+        batch = {}
+        for k in obj.MODEL_INPUTS + ("example_mask",):
+            fill, dtype, dim = _FIELDS[k]
+            shape = {"L": (len(local), lengths[0]), "K": (len(local), lengths[1]),
+                     "S": (len(local), lengths[1], lengths[2])}[dim]
+            batch[k] = np.full(shape, self.pad_id if fill is None else fill, dtype)
+        real = [j for j, i in enumerate(local) if i < len(rows)]
+        if real:
+            c = packing.collate_examples([rows[local[j]] for j in real], self.buckets, self.pad_id,
+                                         gather_buckets=self.gather_buckets, nll_span=self.nll_span, lengths=lengths)
+            for k in batch:
+                batch[k][real] = c[k]
         return self.layout.put_batch(batch, n) if self.layout is not None else batch
 
 
@@ -219,10 +247,29 @@ def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
     return {k: v / count for k, v in sums.items()}
 
 
-def use_packing(cfg, train: pipeline.Split) -> bool:
-    """Whether this job trains on prefix-shared rows: a pair objective scored by log-probs (critic, dpo), packing on
-    (`data.pack_pairs`), and pairs whose common histories hold at least `data.pack_min_saving` of their tokens."""
-    if not (train.paired and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs and train.items):
+def use_packing(cfg, train: pipeline.Split, multiple: int = 1) -> bool:
+    """Whether this job trains on packed rows (`data.packing`):
+    - pairs of a log-prob objective (critic, dpo), `data.pack_pairs` on, whose common histories hold at least
+      `data.pack_min_saving` of their tokens: one prefix-shared row per pair;
+    - single examples (sft), `data.pack_examples` on, when several to a row (rows of up to `data.pack_length`
+      tokens, or of the plain row length) cuts at least `data.pack_min_saving` of the padded tokens of the first
+      epoch's micro-batches (rows split over `multiple` batch shards).
+    Held-out batches keep the plain layout of single examples (their metrics are per example)."""
+    if not train.items:
+        return False
+    if cfg.objective == "sft" and not train.paired:
+        if not cfg.data.pack_examples:
+            return False
+        micro = cfg.optim.micro_batch_size
+        order = np.random.default_rng(cfg.train.seed).permutation(len(train.items))
+        batches = [order[i:i + micro] for i in range(0, len(order) - micro + 1, micro)]
+        packed, plain = packing.packed_row_tokens(train.items, batches, Batcher.buckets_of(cfg), multiple,
+                                                  cfg.data.pack_length)
+        pack = plain > 0 and packed <= (1 - cfg.data.pack_min_saving) * plain
+        log.info("several examples to a row take %.0f%% fewer padded tokens: %s", 100 * (1 - packed / max(plain, 1)),
+                 "packed rows" if pack else f"plain rows (below data.pack_min_saving={cfg.data.pack_min_saving})")
+        return pack
+    if not (train.paired and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs):
         return False
     packed, plain = packing.packed_tokens(train.items)
     pack = packing.worth_packing(train.items, cfg.data.pack_min_saving)
@@ -281,9 +328,10 @@ def run(cfg) -> dict:
         rules = sharding.parse_rules(cfg.mesh.rules)
     except ValueError as e:
         raise SetupError(f"{e} (settings optim.freeze, mesh.data, mesh.fsdp, mesh.tensor, mesh.rules)") from None
-    pack = use_packing(cfg, train)
-    train.packed = held_out.packed = pack
     layout = partitioning.Layout(mesh, model_cfg, tx, freeze, rules)
+    pack = use_packing(cfg, train, layout.items_multiple(1))
+    train.packed = pack
+    held_out.packed = pack and paired
     two_rows = paired and not pack
     multiple = layout.items_multiple(2 if two_rows else 1)
     if micro % multiple:
