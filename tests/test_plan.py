@@ -45,15 +45,18 @@ def test_plan_reports_per_device_memory_that_matches_the_shapes(tmp_path):
 
 
 def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
+    # 4 layers: their saved activations outweigh the one attention layer's working set, which no remat policy cuts
+    # (with a single layer, full remat needs more than none)
+    deep = ("--config.model.preset_overrides.num_layers=4",)
     none = tmp_path / "none.json"
-    proc = _plan("--mesh", "fsdp=2", "--config.model.remat_policy=none", "--config.data.max_len=2048",
+    proc = _plan("--mesh", "fsdp=2", "--config.model.remat_policy=none", "--config.data.max_len=2048", *deep,
                  "--json", str(none))
     assert proc.returncode == 0, proc.stderr[-3000:]
     used = json.loads(none.read_text())["plan"]["total_bytes"] / 2**30
     full = json.loads(none.read_text())["plan"]
     # A budget just under the remat-free figure: over as configured, and a stronger policy fits.
     out = tmp_path / "over.json"
-    proc = _plan("--mesh", "fsdp=2", "--config.model.remat_policy=none", "--config.data.max_len=2048",
+    proc = _plan("--mesh", "fsdp=2", "--config.model.remat_policy=none", "--config.data.max_len=2048", *deep,
                  "--hbm-gib", str(used * 0.98), "--json", str(out))
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
