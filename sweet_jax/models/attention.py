@@ -1,7 +1,9 @@
 """Attention behind one dispatch function.
 
 Implementations (chosen by `LlamaConfig.attention_impl`):
-- "reference": grouped-query einsum with an explicit boolean mask and f32 softmax. The CPU path and the ground truth.
+- "reference": grouped-query einsum with an explicit boolean mask and f32 softmax, in static causal query blocks,
+  with a hand-written backward from the saved log-sum-exp (`_attend`). The CPU path, and tested against autodiff
+  of the plain formula.
 - "xla": `jax.nn.dot_product_attention(implementation="xla")`.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only).
 - "splash": Pallas splash attention (TPU). Under a mesh it runs per shard through `jax.shard_map` (batch and heads
