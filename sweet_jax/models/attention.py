@@ -60,9 +60,9 @@ def reference_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool 
     Query t sits at key index q_offset + t (default: the queries are the last T keys; a KV cache passes its write
     index). More than `q_block` queries are processed in blocks of about `q_block`, each building its own mask, and
     the backward pass keeps no probabilities (`_attend`), so memory is O(q_block * S), not O(T * S), in both
-    directions. With the
-    default offset (a full forward) the blocks are static and a causal block reads only the keys up to its last
-    query: the keys after it are all masked, so a long causal sequence costs about half the full square.
+    directions. With the default offset (a full forward) the blocks are static, run one after the other, and a
+    causal block reads only the keys up to its last query: the keys after it are all masked, so a long causal
+    sequence costs about half the full square.
     """
     b, t, n, h = q.shape
     s, kv = k.shape[1], k.shape[2]
