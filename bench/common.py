@@ -21,3 +21,17 @@ def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def step_timer(times: list):
+    """A `transformers.TrainerCallback` that appends each train step's wall time (s) to `times`."""
+    import transformers
+
+    class StepTimer(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    return StepTimer()

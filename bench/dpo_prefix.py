@@ -31,7 +31,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import run_worker
+from common import run_worker, step_timer
 
 
 def _peak_rss_gib() -> float:
@@ -120,13 +120,6 @@ def worker_trl(args, precompute: bool) -> dict:
     ds = datasets.Dataset.from_list(rows * args.steps)
     times: list[float] = []
 
-    class Timer(transformers.TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
-
     with tempfile.TemporaryDirectory() as out:
         config = DPOConfig(output_dir=out, per_device_train_batch_size=len(pairs), max_steps=args.steps,
                            learning_rate=1e-5, beta=0.1, loss_type=["sigmoid"], precompute_ref_log_probs=precompute,
@@ -136,7 +129,7 @@ def worker_trl(args, precompute: bool) -> dict:
         first = trainer.train_dataset[0]
         if first["prompt_ids"] != pairs[0]["history"] or first["chosen_ids"] != pairs[0]["chosen"]:
             raise SystemExit("TRL tokenised the pairs differently from the token ids sweet_jax trains on")
-        trainer.add_callback(Timer())
+        trainer.add_callback(step_timer(times))
         trainer.train()
     import trl
     return {"step_s": statistics.median(times[1:]), "first_s": times[0], "rss_gib": _peak_rss_gib(),

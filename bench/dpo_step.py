@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import run_worker
+from common import run_worker, step_timer
 
 
 def _pairs(n: int) -> list[dict]:
@@ -87,20 +87,13 @@ def worker_trl(args) -> dict:
     ds = datasets.Dataset.from_list(pairs[:args.steps * args.pairs])
     times: list[float] = []
 
-    class Timer(transformers.TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
-
     with tempfile.TemporaryDirectory() as out:
         config = DPOConfig(output_dir=out, per_device_train_batch_size=args.pairs, max_steps=args.steps,
                            learning_rate=1e-5, beta=0.1, loss_type=["sigmoid"], precompute_ref_log_probs=True,
                            max_length=1024, report_to=[], save_strategy="no", logging_strategy="no",
                            use_cpu=True, dataloader_num_workers=0, seed=0)
         trainer = DPOTrainer(model=model, args=config, train_dataset=ds, processing_class=tok)
-        trainer.add_callback(Timer())
+        trainer.add_callback(step_timer(times))
         trainer.train()
     import trl
     return {"step_s": statistics.median(times[2:]), "first_s": times[0], "version": trl.__version__}
