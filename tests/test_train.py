@@ -133,6 +133,19 @@ def test_misspelt_override_is_one_clear_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def _assert_same_training(run_a, run_b, held_out_keys) -> dict:
+    """Two runs took the same number of steps and agree (1e-4) on these held-out metrics and on every exported
+    weight. Returns run_a's metrics."""
+    a = json.loads((run_a / "metrics.json").read_text())
+    b = json.loads((run_b / "metrics.json").read_text())
+    assert a["steps"] == b["steps"] > 0
+    for k in held_out_keys:
+        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
+    ta, tb = _hf_tensors(run_a), _hf_tensors(run_b)
+    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+    return a
+
+
 @pytest.mark.slow
 def test_packed_pairs_train_like_plain_pairs(tmp_path):
     """The critic job on prefix-shared rows (the default) and on plain rows: same held-out metrics and weights."""
@@ -140,13 +153,7 @@ def test_packed_pairs_train_like_plain_pairs(tmp_path):
     plain = _run("critic_tiny.py", tmp_path / "plain", "--config.optim.lr=1e-4", "--config.data.pack_pairs=False")
     assert packed.returncode == 0 and plain.returncode == 0, (packed.stderr + plain.stderr)[-3000:]
     assert "one prefix-shared row per pair" in packed.stderr and "prefix-shared" not in plain.stderr
-    a = json.loads((tmp_path / "packed" / "metrics.json").read_text())
-    b = json.loads((tmp_path / "plain" / "metrics.json").read_text())
-    assert a["steps"] == b["steps"] > 0
-    for k in ("loss", "accuracy", "margin", "chosen_reward"):
-        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
-    ta, tb = _hf_tensors(tmp_path / "packed"), _hf_tensors(tmp_path / "plain")
-    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
+    _assert_same_training(tmp_path / "packed", tmp_path / "plain", ("loss", "accuracy", "margin", "chosen_reward"))
 
 
 @pytest.mark.slow
@@ -160,14 +167,9 @@ def test_packed_examples_train_like_plain_examples(tmp_path):
     plain = _run("rft_tiny.py", tmp_path / "plain", *args, "--config.data.pack_examples=False")
     assert packed.returncode == 0 and plain.returncode == 0, (packed.stderr + plain.stderr)[-3000:]
     assert "fewer padded tokens: packed rows" in packed.stderr and "fewer padded tokens" not in plain.stderr
-    a = json.loads((tmp_path / "packed" / "metrics.json").read_text())
+    a = _assert_same_training(tmp_path / "packed", tmp_path / "plain", ("loss", "tokens"))
     b = json.loads((tmp_path / "plain" / "metrics.json").read_text())
-    assert a["steps"] == b["steps"] > 0
-    for k in ("loss", "tokens"):
-        assert abs(a["held_out"][k] - b["held_out"][k]) <= 1e-4, (k, a["held_out"][k], b["held_out"][k])
     assert abs(a["last_train"]["loss"] - b["last_train"]["loss"]) <= 1e-4
-    ta, tb = _hf_tensors(tmp_path / "packed"), _hf_tensors(tmp_path / "plain")
-    assert max(float(np.abs(ta[k] - tb[k]).max()) for k in ta) <= 1e-4
 
 
 @pytest.mark.slow

@@ -101,8 +101,6 @@ def collate(examples: Sequence[Example], buckets: Sequence[int], pad_id: int, *,
     out.update(empty_gathers((b,), s))
     for i, e in enumerate(examples):
         idx, nll = gather_positions(e, nll_span)
-        if len(idx) > s:
-            raise ValueError(f"an example needs {len(idx)} gathered positions; lengths={lengths}")
         fill_gathers(out, i, e, idx, nll, idx)
     return out
 
@@ -116,6 +114,9 @@ def empty_gathers(lead: tuple[int, ...], s: int) -> dict[str, np.ndarray]:
 def fill_gathers(out: dict, at, e: Example, idx: np.ndarray, nll: np.ndarray, where: np.ndarray) -> None:
     """Write example `e`'s gathers (its positions idx, lying at row indices `where`) into out[...][at]."""
     k = len(idx)
+    if k > out["gather_pos"].shape[-1]:
+        raise ValueError(f"an example needs {k} gathered positions; the batch's gather length is "
+                         f"{out['gather_pos'].shape[-1]}")
     out["gather_pos"][at][:k] = where
     out["gather_score"][at][:k] = e.score_mask[idx]
     out["gather_nll"][at][:k] = nll

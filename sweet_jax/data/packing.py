@@ -131,8 +131,6 @@ def collate_pairs(pairs: Sequence[tuple[Example, Example]], buckets: Sequence[in
         out["branch_ids"][i, span] = row.branch_ids
         for k, (e, index) in enumerate(zip(pair, row.index)):
             idx, nll = gather_positions(e, nll_span)
-            if len(idx) > s:
-                raise ValueError(f"an example needs {len(idx)} gathered positions; lengths={lengths}")
             fill_gathers(out, (i, k), e, idx, nll, start + index[idx])
             out["gather_src"][i, k, :len(idx)] = start + index[idx - 1]
     return out
@@ -209,8 +207,6 @@ def collate_examples(rows: Sequence[Sequence[Example]], buckets: Sequence[int], 
             out["segment_ids"][i, span] = j + 1
             out["example_mask"][i, j] = True
             idx, nll = gather_positions(e, nll_span)
-            if len(idx) > s:
-                raise ValueError(f"an example needs {len(idx)} gathered positions; lengths={lengths}")
             fill_gathers(out, (i, j), e, idx, nll, start + idx)
             start += len(e)
     return out
