@@ -9,6 +9,8 @@ exit 2 for bad input. Config overrides work as in `sweet_jax.train` (`--config.d
                   mesh (a -1 there needs --devices).
     --devices     the device count, when the mesh has a -1.
     --seq-len     tokens per sequence (default: data.max_len).
+    --turn-len    plan prefix-shared pairs (`data.pack_pairs`, critic and dpo): one row per pair, a shared history of
+                  seq-len minus turn-len tokens and two turn-len-token turns. Default: plain pairs, two rows each.
     --hbm-gib     per-device memory budget in GiB (default 80: an H100 / A100-80G; an H200 has 141, a TPU v5p 95).
     --json        also write the figures to this file.
 """
@@ -28,6 +30,7 @@ config_flags.DEFINE_config_file("config", None, "A job config file under configs
 flags.DEFINE_string("mesh", None, 'Mesh axis sizes, e.g. "fsdp=8" or "data=2,fsdp=2,tensor=2".')
 flags.DEFINE_integer("devices", None, "Device count (only needed when the mesh has a -1).")
 flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: data.max_len).")
+flags.DEFINE_integer("turn_len", 0, "Plan prefix-shared pairs whose two turns have this many tokens each.")
 flags.DEFINE_float("hbm_gib", 80.0, "Per-device memory budget, GiB.")
 flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
 flags.DEFINE_boolean("search", True, "When over budget, plan the stronger remat policies too.")
@@ -76,7 +79,19 @@ def _gib(x: float) -> str:
 def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
     p = result["plan"]
     n = p.devices
-    unit = "pairs" if cfg.objective != "sft" else "examples"
+    from sweet_jax.training import objective as obj  # after main() has set up the devices
+
+    unit = "pairs" if cfg.objective in obj.PAIRED else "examples"
+    shards = mesh_sizes['data'] * mesh_sizes['fsdp']
+    if p.turn_len:
+        padded = p.row_len - p.seq_len - p.turn_len
+        batch_line = (f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} prefix-shared rows x {p.row_len} "
+                      f"tokens (a {p.seq_len - p.turn_len}-token history, then two {p.turn_len}-token turns"
+                      + (f", {padded} tokens of padding to the row bucket" if padded else "")
+                      + "), every token of both examples scored (worst case)")
+    else:
+        batch_line = (f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} sequences x {p.seq_len} tokens, "
+                      f"every token scored (worst case)")
     lines = [
         f"plan: objective {cfg.objective} on mesh {mesh_sizes} ({n} devices)"
         + (f", rules {cfg.mesh.rules}" if cfg.mesh.rules else ""),
@@ -84,13 +99,14 @@ def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_
         f"{model_cfg.compute_dtype}, remat {model_cfg.remat_policy}, attention {model_cfg.attention_impl}"
         + (" (the blockwise einsum on these CPU devices; GPU/TPU kernels need less)"
            if model_cfg.attention_impl == "auto" else ""),
-        f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} sequences x {p.seq_len} tokens, every token "
-        f"scored (worst case); {p.sequences * p.seq_len // (mesh_sizes['data'] * mesh_sizes['fsdp'])} tokens per batch "
-        f"shard",
+        f"{batch_line}; {p.sequences * p.row_len // shards} tokens per batch shard",
     ]
+    if not p.turn_len and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs:
+        lines.append("  note: pairs that share a history train as one row each (data.pack_pairs), which needs less: "
+                     "plan that with --turn-len N (tokens of each pair's own turn)")
     if p.micro_batch_size != int(cfg.optim.micro_batch_size):
         lines.append(f"  note: optim.micro_batch_size={cfg.optim.micro_batch_size} does not split over the "
-                     f"{mesh_sizes['data'] * mesh_sizes['fsdp']} batch shards (data x fsdp); planned with "
+                     f"{shards} batch shards (data x fsdp); planned with "
                      f"{p.micro_batch_size}, the smallest that does, as the trainer requires (set "
                      f"--config.optim.micro_batch_size={p.micro_batch_size} and optim.batch_size to a multiple)")
     lines += [
@@ -157,7 +173,8 @@ def main(argv):
         model_cfg = trainer.model_config(cfg.model, cfg.objective)
         seq_len = FLAGS.seq_len or int(cfg.data.max_len)
         mesh = sharding.make_mesh(sizes)
-        result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search)
+        result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search,
+                              turn_len=FLAGS.turn_len)
     except (models.ConfigError, trainer.SetupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -220,3 +220,16 @@ def test_example_packing_saves_padding_only_with_varied_lengths():
     assert packing.example_rows(same, BUCKETS)[1] == 8  # rows no longer than the plain ones: one example each
     rows, r = packing.example_rows(same, BUCKETS, multiple=3, row_length=250)  # or up to a set length (bucket 256)
     assert rows == [[0, 1], [2, 3], [4, 5], [6, 7]] and r == 6
+
+
+def test_pair_rows_may_outgrow_max_len_and_example_rows_may_not():
+    """A pair row holds the history once and both turns, so its buckets go on past max_len up to twice it (each
+    example still fits max_len); rows of whole examples stop at max_len, and a longer data.pack_length is an error."""
+    assert packing.pair_buckets(256, 128) == (128, 192, 256, 384, 512)
+    assert packing.pair_buckets(8192, 128)[-4:] == (6144, 8192, 12288, 16384)
+    from sweet_jax.training import pipeline, trainer
+
+    cfg = ml_collections.ConfigDict(dict(objective="sft", data=dict(pack_examples=True, pack_length=512,
+                                                                    max_len=256)))
+    with pytest.raises(trainer.SetupError, match="data.pack_length=512 is over data.max_len=256"):
+        trainer.use_packing(cfg, pipeline.Split([_example(list(range(10)), [(5, 10)])], paired=False))

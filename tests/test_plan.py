@@ -67,6 +67,71 @@ def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
     assert last["temp_bytes"] < full["temp_bytes"]
 
 
+def test_a_packed_plan_compiles_one_prefix_shared_row_per_pair_and_needs_less(tmp_path):
+    """--turn-len plans what the trainer runs on pairs that share a history: one row of history + two turns per pair
+    (a 224-token history and two 32-token turns here, padded to the 384-token row bucket) instead of two full rows."""
+    plain, packed = tmp_path / "plain.json", tmp_path / "packed.json"
+    proc = _plan("--mesh", "fsdp=2", "--json", str(plain))
+    assert proc.returncode == 0 and "plan that with --turn-len N" in proc.stdout, proc.stderr[-3000:]
+    proc = _plan("--mesh", "fsdp=2", "--turn-len", "32", "--json", str(packed))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("8 pairs = 8 prefix-shared rows x 384 tokens (a 224-token history, then two 32-token turns, 96 tokens of "
+            "padding to the row bucket)") in proc.stdout
+    assert "--turn-len N" not in proc.stdout
+    p, q = json.loads(plain.read_text())["plan"], json.loads(packed.read_text())["plan"]
+    assert (q["micro_batch_size"], q["sequences"], q["seq_len"], q["turn_len"], q["row_len"]) == (8, 8, 256, 32, 384)
+    assert (p["sequences"], p["turn_len"], p["row_len"]) == (16, 0, 256)
+    cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=176, num_layers=1, num_heads=4,
+                                    num_kv_heads=2, tie_word_embeddings=True)
+    assert q["model_flops"] == cfg.train_flops_per_token(256) * 8 * 288  # 288 tokens a pair, not 512
+    assert q["params_bytes"] == p["params_bytes"] and q["temp_bytes"] < p["temp_bytes"]
+    for bad, message in [(("--turn-len", "256"), "turn_len=256 must be between 1 and the sequence length - 1"),
+                         (("--turn-len", "32", "--config.data.pack_pairs=False"), "turn_len=32: data.pack_pairs is off"),
+                         (("--turn-len", "32", "--config.objective=reward"), "turn_len=32: objective 'reward' trains on plain")]:
+        proc = _plan("--mesh", "fsdp=2", *bad)
+        assert proc.returncode == 2 and f"error: {message}" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_planned_batch_is_the_batch_the_trainer_collates(packed):
+    """The abstract batch the plan compiles has the keys, shapes and dtypes of the Batcher's real batch of
+    worst-case pairs (every token scored): a plan cannot drift from the step the trainer runs."""
+    import jax
+    import ml_collections
+    import numpy as np
+
+    from sweet_jax import sharding
+    from sweet_jax.data.examples import Example
+    from sweet_jax.training import aot, pipeline
+    from sweet_jax.training.partitioning import Layout
+    from sweet_jax.training.trainer import Batcher
+
+    seq, turn, pairs = 256, 32, 2
+    rng = np.random.default_rng(0)
+
+    def example(tokens):  # every token scored (the plan's worst case)
+        n = len(tokens)
+        return Example(np.asarray(tokens, np.int32), np.ones(n, bool), np.ones(n, bool), np.zeros(n, np.int32),
+                       False, "test")
+
+    items = []
+    for _ in range(pairs):
+        history = rng.integers(0, 100, seq - turn).tolist()
+        items.append((example(history + rng.integers(100, 200, turn).tolist()),
+                      example(history + rng.integers(200, 300, turn).tolist())))
+    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=seq, min_bucket=128, pack_length=0),
+                                         loss=dict(nll_span="score")))
+    real = Batcher(cfg, 0)(pipeline.Split(items, paired=True, packed=packed), np.arange(pairs),
+                           np.zeros((pairs, 2), np.float32))
+    model_cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                                          num_kv_heads=2)
+    layout = Layout(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]), model_cfg, None)
+    planned = aot.abstract_batch(layout, pairs if packed else 2 * pairs, seq, "critic", turn if packed else 0, 128)
+    assert real["tokens"].shape[1] == (384 if packed else 256)  # the 288-token pair row, in the bucket above max_len
+    assert {k: (v.shape, np.dtype(v.dtype)) for k, v in planned.items()} == \
+        {k: (v.shape, v.dtype) for k, v in real.items()}
+
+
 def test_bad_mesh_is_one_clear_line():
     proc = _plan("--mesh", "fsdp=2,model=4")
     assert proc.returncode == 2 and "error: --mesh 'fsdp=2,model=4'" in proc.stderr

@@ -155,6 +155,10 @@ def _attend_bwd(scale: float, causal: bool, res, g):
     """The softmax backward from the saved log-sum-exp: P = exp(S - lse) comes back from one product and one exp,
     dS = P (dP - D) with D = rowsum(dO * O). Nothing of size T x S is kept between the passes."""
     q, k, v, m, out, lse = res
+    # No [T, S] work before the output gradient arrives: otherwise XLA runs every query block's first product early
+    # (it needs only saved residuals) and holds all their probabilities at once; the forward's chain of blocks
+    # (`reference_attention`) then orders the backward blocks one after the other, last first.
+    q = q + 0 * g[..., :1, :1].astype(q.dtype)
     p = jnp.exp(_scores(q, k, m, scale, causal) - lse)
     dv = jnp.einsum("bkgts,bkgth->bksh", p.astype(v.dtype), g, preferred_element_type=jnp.float32)
     dp = jnp.einsum("bkgth,bksh->bkgts", g, v, preferred_element_type=jnp.float32)

@@ -3,7 +3,9 @@
 `plan_job(cfg, mesh, seq_len, hbm_gib)` lowers and compiles the same step `trainer.run` would run (the
 `partitioning.Layout` train step, with the job's objective, optimiser, gradient accumulation, frozen params and
 remat policy) for the worst-case batch: `optim.micro_batch_size` pairs (or examples) of `seq_len` tokens, every one
-scored. Nothing is allocated; the mesh may be made of fake CPU devices (`sweet_jax.plan` sets them up), so a
+scored. With `turn_len` it plans the prefix-shared pairs instead (`data.pack_pairs`): one row per pair, a history of
+`seq_len - turn_len` tokens followed by the two `turn_len`-token turns, padded to the trainer's row bucket
+(`packing.pair_buckets`), each example of `seq_len` tokens scored. Nothing is allocated; the mesh may be made of fake CPU devices (`sweet_jax.plan` sets them up), so a
 64-device plan runs on a laptop.
 
 Memory comes from XLA's buffer assignment of the compiled program, per device: arguments (params, optimiser state,
@@ -25,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import models, sharding
+from sweet_jax.data.batching import bucket_length
+from sweet_jax.data.packing import pair_buckets
 from sweet_jax.training import objective as obj
 from sweet_jax.training.optim import make_optimizer
 from sweet_jax.training.partitioning import Layout
@@ -40,7 +44,9 @@ class Plan:
     rules: str  # mesh.rules overrides
     micro_batch_size: int  # pairs (paired objectives) or examples
     sequences: int  # rows of one micro-batch
-    seq_len: int
+    seq_len: int  # tokens of one example (the chosen or the rejected sequence of a pair)
+    turn_len: int  # tokens of each turn of a prefix-shared pair row; 0: plain rows
+    row_len: int  # tokens of one row: seq_len, or (a prefix-shared pair) the bucket that holds seq_len + turn_len
     params_bytes: float  # per device, each array's shard
     opt_state_bytes: float
     frozen_reference_bytes: float  # loss.reference="recompute": the frozen copy of the params
@@ -73,15 +79,26 @@ def _per_device_bytes(tree) -> float:
     return float(total)
 
 
-def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str) -> dict:
-    """The worst-case batch: `rows` sequences of `seq_len` tokens, every position gathered for the loss."""
+def row_length(seq_len: int, turn_len: int, min_bucket: int) -> int:
+    """Tokens of a planned row: `seq_len`, or the trainer's bucket for a pair row of history + two turns."""
+    return bucket_length(seq_len + turn_len, pair_buckets(seq_len, min_bucket)) if turn_len else seq_len
+
+
+def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str, turn_len: int = 0,
+                   min_bucket: int = 128) -> dict:
+    """The worst-case batch: `rows` sequences of `seq_len` tokens, every position gathered for the loss; with
+    `turn_len`, `rows` prefix-shared pair rows (`row_length` tokens) whose two examples gather `seq_len` positions
+    each (`packing.collate_pairs`' layout)."""
     def sds(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.batch_sharding(len(shape), shape))
 
-    batch = {k: sds((rows, seq_len), bool if k in ("gather_score", "gather_nll") else jnp.int32)
-             for k in obj.MODEL_INPUTS}
+    row = (rows, row_length(seq_len, turn_len, min_bucket))
+    gather = (rows, 2, seq_len) if turn_len else row
+    batch = {k: sds(gather if k.startswith("gather_") else row, bool if k in ("gather_score", "gather_nll")
+                    else jnp.int32)
+             for k in obj.MODEL_INPUTS + (obj.PACKED_INPUTS if turn_len else ())}
     if objective in obj.WITH_REFERENCE:
-        batch["ref"] = sds((rows,), jnp.float32)
+        batch["ref"] = sds((rows, 2) if turn_len else (rows,), jnp.float32)
     if objective == "value":
         batch["label"] = sds((rows,), jnp.float32)
     return batch
@@ -94,43 +111,70 @@ def micro_batch_for(cfg, multiple: int) -> int:
     return micro if micro % multiple == 0 else -(-micro // multiple) * multiple
 
 
-def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str):
-    """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`, with `rules` overrides."""
+def rows_of(cfg, micro: int, turn_len: int) -> int:
+    """Rows of a micro-batch of `micro` items: two per plain pair, one per packed pair or example."""
+    return 2 * micro if cfg.objective in obj.PAIRED and not turn_len else micro
+
+
+def check_turn_len(cfg, seq_len: int, turn_len: int) -> None:
+    """A packed plan needs a job that packs its pairs and a turn shorter than the sequence."""
+    if not turn_len:
+        return
+    if cfg.objective not in obj.WITH_REFERENCE:
+        raise ValueError(f"turn_len={turn_len}: objective {cfg.objective!r} trains on plain rows (prefix-shared "
+                         f"pairs are for {obj.WITH_REFERENCE})")
+    if not cfg.data.pack_pairs:
+        raise ValueError(f"turn_len={turn_len}: data.pack_pairs is off, so the job trains on plain pairs")
+    if not 0 < turn_len < seq_len:
+        raise ValueError(f"turn_len={turn_len} must be between 1 and the sequence length - 1 ({seq_len - 1})")
+
+
+def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str,
+                 turn_len: int = 0):
+    """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`, with `rules` overrides (and
+    prefix-shared pair rows with `turn_len`)."""
     accumulation = max(1, int(cfg.optim.batch_size) // micro)
     tx = make_optimizer(cfg.optim, 1000, accumulation)
     freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
     layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(rules))
-    batch = abstract_batch(layout, 2 * micro if cfg.objective in obj.PAIRED else micro, seq_len, cfg.objective)
+    batch = abstract_batch(layout, rows_of(cfg, micro, turn_len), seq_len, cfg.objective, turn_len,
+                           cfg.data.min_bucket)
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
                              chunk=cfg.train.logprob_chunk)
     return step.lower(layout.abstract_state(), batch).compile(), layout
 
 
-def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str) -> Plan:
+def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str,
+              turn_len: int = 0) -> Plan:
     t0 = time.time()
-    compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro, rules)
+    compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro, rules, turn_len)
     seconds = time.time() - t0
     mem = compiled.memory_analysis()
     state = layout.abstract_state()
-    paired = cfg.objective != "sft"
-    rows = 2 * micro if paired else micro
-    frozen = _per_device_bytes(state["params"]) if paired and cfg.loss.reference == "recompute" else 0.0
+    rows, row_len = rows_of(cfg, micro, turn_len), row_length(seq_len, turn_len, cfg.data.min_bucket)
+    frozen = (_per_device_bytes(state["params"]) if cfg.objective in obj.WITH_REFERENCE
+              and cfg.loss.reference == "recompute" else 0.0)
     return Plan(
         remat_policy=model_cfg.remat_policy, rules=rules, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
+        turn_len=turn_len, row_len=row_len,
         params_bytes=_per_device_bytes(state["params"]), opt_state_bytes=_per_device_bytes(state["opt_state"]),
         frozen_reference_bytes=frozen, argument_bytes=float(mem.argument_size_in_bytes),
         output_bytes=float(mem.output_size_in_bytes), alias_bytes=float(mem.alias_size_in_bytes),
         temp_bytes=float(mem.temp_size_in_bytes), compile_seconds=seconds,
-        model_flops=model_cfg.train_flops_per_token(seq_len) * rows * seq_len, devices=mesh.size)
+        # a packed turn attends to the history and itself: the same context as its plain sequence
+        model_flops=model_cfg.train_flops_per_token(seq_len) * rows * (seq_len + turn_len), devices=mesh.size)
 
 
-def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True) -> dict:
+def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True,
+             turn_len: int = 0) -> dict:
     """The job's plan and, when it is over budget (and `search`), the plans of the settings that save memory, up to
     the first one that fits: each stronger remat policy, then (with a tensor axis) sequence parallelism on top of full
-    remat. Returns {"plan", "fits", "alternatives", "suggestion"}."""
-    micro = micro_batch_for(cfg, Layout(mesh, model_cfg, None).items_multiple(2 if cfg.objective != "sft" else 1))
+    remat. `turn_len` plans prefix-shared pair rows (`abstract_batch`). Returns {"plan", "fits", "alternatives",
+    "suggestion"}."""
+    check_turn_len(cfg, seq_len, turn_len)
+    micro = micro_batch_for(cfg, Layout(mesh, model_cfg, None).items_multiple(rows_of(cfg, 1, turn_len)))
     rules = cfg.mesh.rules
-    main = plan_step(cfg, model_cfg, mesh, seq_len, micro, rules)
+    main = plan_step(cfg, model_cfg, mesh, seq_len, micro, rules, turn_len)
     budget = hbm_gib * GiB
     out = {"plan": main, "fits": main.total_bytes <= budget, "alternatives": [], "suggestion": None}
     if out["fits"] or not search:
@@ -146,7 +190,7 @@ def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: fl
                                                " --config.model.remat_policy=full")
         candidates.append((flags, model_cfg.replace(remat_policy="full"), sp))
     for flags, alt_cfg, alt_rules in candidates:
-        alt = plan_step(cfg, alt_cfg, mesh, seq_len, micro, alt_rules)
+        alt = plan_step(cfg, alt_cfg, mesh, seq_len, micro, alt_rules, turn_len)
         out["alternatives"].append(alt)
         if alt.total_bytes <= budget:
             out["suggestion"] = flags

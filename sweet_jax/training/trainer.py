@@ -111,6 +111,7 @@ class Batcher:
 
     def __init__(self, cfg, pad_id: int, layout=None):
         self.buckets = self.buckets_of(cfg)
+        self.pair_buckets = packing.pair_buckets(cfg.data.max_len, cfg.data.min_bucket)
         self.gather_buckets = default_buckets(cfg.data.max_len, 16)
         self.pad_id = pad_id
         self.nll_span = cfg.loss.nll_span
@@ -130,7 +131,7 @@ class Batcher:
         p, extra = len(items), -len(items) % multiple
         if split.packed:  # one row per pair, then padding
             rows = list(items) + [None] * extra
-            lengths = packing.packed_lengths(list(items), self.buckets, self.gather_buckets, self.nll_span)
+            lengths = packing.packed_lengths(list(items), self.pair_buckets, self.gather_buckets, self.nll_span)
         else:
             if split.paired:  # chosen, padding, rejected, padding
                 rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
@@ -150,7 +151,7 @@ class Batcher:
         if real:
             present = [rows[local[j]] for j in real]
             if split.packed:
-                c = packing.collate_pairs(present, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
+                c = packing.collate_pairs(present, self.pair_buckets, self.pad_id, gather_buckets=self.gather_buckets,
                                           nll_span=self.nll_span, lengths=lengths)
             else:
                 c = collate(present, self.buckets, self.pad_id, gather_buckets=self.gather_buckets,
@@ -260,6 +261,10 @@ def use_packing(cfg, train: pipeline.Split, multiple: int = 1) -> bool:
     if cfg.objective == "sft" and not train.paired:
         if not cfg.data.pack_examples:
             return False
+        if cfg.data.pack_length > cfg.data.max_len:
+            raise SetupError(f"data.pack_length={cfg.data.pack_length} is over data.max_len={cfg.data.max_len}: "
+                             f"packed rows are at most max_len tokens (raise data.max_len, which also lets longer "
+                             f"examples in)")
         micro = cfg.optim.micro_batch_size
         order = np.random.default_rng(cfg.train.seed).permutation(len(train.items))
         batches = [order[i:i + micro] for i in range(0, len(order) - micro + 1, micro)]
