@@ -85,9 +85,10 @@ def test_a_packed_plan_compiles_one_prefix_shared_row_per_pair_and_needs_less(tm
                                     num_kv_heads=2, tie_word_embeddings=True)
     assert q["model_flops"] == cfg.train_flops_per_token(256) * 8 * 288  # 288 tokens a pair, not 512
     assert q["params_bytes"] == p["params_bytes"] and q["temp_bytes"] < p["temp_bytes"]
-    for bad, message in [(("--turn-len", "256"), "turn_len=256 must be between 1 and the sequence length - 1"),
-                         (("--turn-len", "32", "--config.data.pack_pairs=False"), "turn_len=32: data.pack_pairs is off"),
-                         (("--turn-len", "32", "--config.objective=reward"), "turn_len=32: objective 'reward' trains on plain")]:
+    for bad, message in [
+            (("--turn-len", "256"), "turn_len=256 must be between 1 and the sequence length - 1"),
+            (("--turn-len", "32", "--config.data.pack_pairs=False"), "turn_len=32: data.pack_pairs is off"),
+            (("--turn-len", "32", "--config.objective=reward"), "turn_len=32: objective 'reward' trains on plain")]:
         proc = _plan("--mesh", "fsdp=2", *bad)
         assert proc.returncode == 2 and f"error: {message}" in proc.stderr, proc.stderr[-2000:]
 

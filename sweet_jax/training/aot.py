@@ -5,8 +5,8 @@
 remat policy) for the worst-case batch: `optim.micro_batch_size` pairs (or examples) of `seq_len` tokens, every one
 scored. With `turn_len` it plans the prefix-shared pairs instead (`data.pack_pairs`): one row per pair, a history of
 `seq_len - turn_len` tokens followed by the two `turn_len`-token turns, padded to the trainer's row bucket
-(`packing.pair_buckets`), each example of `seq_len` tokens scored. Nothing is allocated; the mesh may be made of fake CPU devices (`sweet_jax.plan` sets them up), so a
-64-device plan runs on a laptop.
+(`packing.pair_buckets`), each example of `seq_len` tokens scored. Nothing is allocated; the mesh may be made of
+fake CPU devices (`sweet_jax.plan` sets them up), so a 64-device plan runs on a laptop.
 
 Memory comes from XLA's buffer assignment of the compiled program, per device: arguments (params, optimiser state,
 batch), outputs, the part of the outputs that reuses donated arguments, and temporaries (activations saved for the
