@@ -201,6 +201,9 @@ def test_buckets_and_collate(tok):
     assert [round_up(n) for n in (1, 16, 17, 24, 25, 33, 300, 385, 1025)] == [16, 16, 24, 24, 32, 48, 384, 512, 1536]
     assert default_buckets(1000, 128) == (128, 192, 256, 384, 512, 768, 1000)
     assert default_buckets(512, 32) == (32, 48, 64, 96, 128, 192, 256, 384, 512)
+    # quarter steps from 1,024 tokens on: a 2,304-token row pads to 2,560, not 3,072
+    assert default_buckets(5000, 128) == (128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072,
+                                          3584, 4096, 5000)
     assert bucket_length(129, (128, 256)) == 256
     b = ExampleBuilder(tok, 1024)
     exs = [b.from_trajectory(validate_record(_traj(turns=k), "x")) for k in (1, 3)]

@@ -226,7 +226,7 @@ def test_pair_rows_may_outgrow_max_len_and_example_rows_may_not():
     """A pair row holds the history once and both turns, so its buckets go on past max_len up to twice it (each
     example still fits max_len); rows of whole examples stop at max_len, and a longer data.pack_length is an error."""
     assert packing.pair_buckets(256, 128) == (128, 192, 256, 384, 512)
-    assert packing.pair_buckets(8192, 128)[-4:] == (6144, 8192, 12288, 16384)
+    assert packing.pair_buckets(8192, 128)[-6:] == (7168, 8192, 10240, 12288, 14336, 16384)
     from sweet_jax.training import pipeline, trainer
 
     cfg = ml_collections.ConfigDict(dict(objective="sft", data=dict(pack_examples=True, pack_length=512,
