@@ -122,6 +122,29 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
     return weight.astype(x.dtype) * xf.astype(x.dtype)
 
 
+@jax.custom_vjp
+def swiglu(g: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+    """silu(g) * u, the gate of the Llama MLP. Its backward keeps only g and u and recomputes the sigmoid in f32:
+    autodiff of `jax.nn.silu(g) * u` keeps four [T, F] intermediates per layer, the largest activations saved for
+    the backward pass, and its gradient fusion then reads all of them."""
+    return jax.nn.silu(g) * u
+
+
+def _swiglu_fwd(g, u):
+    return swiglu(g, u), (g, u)
+
+
+def _swiglu_bwd(res, dm):
+    g, u = res
+    gf, uf, dmf = g.astype(jnp.float32), u.astype(jnp.float32), dm.astype(jnp.float32)
+    s = jax.nn.sigmoid(gf)
+    dg = dmf * uf * s * (1 + gf * (1 - s))  # d silu(g) / dg = s + g s (1 - s)
+    return dg.astype(g.dtype), (dmf * gf * s).astype(u.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 _REMAT = {
     "full": None,  # jax.checkpoint's default: save nothing but the layer inputs
     "dots": jax.checkpoint_policies.checkpoint_dots,
@@ -160,7 +183,7 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     g = jnp.einsum("btd,df->btf", h, w["w_gate"])
     u = jnp.einsum("btd,df->btf", h, w["w_up"])
-    m = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
+    m = constrain(swiglu(g, u), ("batch", "seq", "mlp"))
     x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     return x if kv is None else (x, (k_cache, v_cache))
