@@ -179,8 +179,8 @@ def test_params_tree_matches_logical_axes_and_shapes(params):
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
 def test_swiglu_gradient_matches_autodiff_of_the_formula(dtype, tol):
-    """The MLP gate's hand-written backward (it keeps only g and u) against autodiff of silu(g) * u in f32, over
-    gates far into both tails of the sigmoid."""
+    """The MLP gate's hand-written backward (it keeps only g and u, and works in f32) against autodiff of
+    silu(g) * u in the same dtype, over gates far into both tails of the sigmoid; gradients keep the input dtypes."""
     from sweet_jax.models.llama import swiglu
 
     rng = np.random.default_rng(0)

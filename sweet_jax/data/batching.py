@@ -12,14 +12,14 @@ from sweet_jax.data.examples import Example
 FINE_FROM = 1024  # rows from this many tokens on get quarter-octave buckets
 
 
-def default_buckets(max_len: int, smallest: int = 128, fine_from: int = FINE_FROM) -> tuple[int, ...]:
+def default_buckets(max_len: int, smallest: int = 128) -> tuple[int, ...]:
     """`smallest` times powers of two with a 1.5x step between them (padding at most a third of a row), and from
-    `fine_from` tokens on quarter steps, 1, 1.25, 1.5 and 1.75 times a power of two (at most a fifth): a long row's
+    FINE_FROM tokens on quarter steps, 1, 1.25, 1.5 and 1.75 times a power of two (at most a fifth): a long row's
     padding costs the most compute, and its step time dwarfs the compile of one more shape. Up to and always
     including max_len."""
     out, n = [], smallest
     while n < max_len:
-        steps = (4, 5, 6, 7) if n >= fine_from else (4, 6)
+        steps = (4, 5, 6, 7) if n >= FINE_FROM else (4, 6)
         out += [n * k // 4 for k in steps if n * k // 4 < max_len]
         n *= 2
     return tuple(out) + (max_len,)
