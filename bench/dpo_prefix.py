@@ -44,9 +44,10 @@ def worker_jax(args, packed: bool) -> dict:
 
     from sweet_jax import models
     from sweet_jax.data import packing
-    from sweet_jax.data.batching import collate, default_buckets
+    from sweet_jax.data.batching import collate
+    from sweet_jax.data.buckets import default_buckets
     from sweet_jax.data.examples import Example
-    from sweet_jax.training import objective as obj
+    from sweet_jax.training import steps as obj
     from sweet_jax.training.optim import make_optimizer
 
     cfg = models.LlamaConfig.from_pretrained(args.ckpt).replace(attention_impl="reference")

@@ -37,9 +37,10 @@ def worker_jax(args) -> dict:
 
     from sweet_jax import models
     from sweet_jax.chat import load_tokenizer
-    from sweet_jax.data.batching import collate, default_buckets
+    from sweet_jax.data.batching import collate
+    from sweet_jax.data.buckets import default_buckets
     from sweet_jax.data.examples import ExampleBuilder
-    from sweet_jax.training import objective as obj
+    from sweet_jax.training import steps as obj
     from sweet_jax.training.defaults import base_config
     from sweet_jax.training.optim import make_optimizer
 
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+    from sweet_jax.chat import load_tokenizer
+    from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
 
     with tempfile.TemporaryDirectory() as d:
         args.ckpt = d

@@ -45,7 +45,8 @@ def measure(args, attention_impl: str) -> dict:
     import ml_collections
     import numpy as np
 
-    from sweet_jax import models, sharding
+    from sweet_jax import models
+    from sweet_jax.parallel import sharding
     from sweet_jax.training.defaults import base_config
     from sweet_jax.training.optim import make_optimizer
     from sweet_jax.training.partitioning import Layout

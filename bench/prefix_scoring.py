@@ -4,7 +4,7 @@ sequence scored on its own (target: >= 4x faster).
 Both sides are sweet_jax on the same random model and compute the same numbers (checked here to 1e-3, f32 rounding of logits of size ~10). The
 independent side is how the official ranking script scores: one prompt per candidate (history + candidate). It uses
 the trainer's gathered log-probs, so only the candidate positions go through the LM head. The shared side is
-`sweet_jax.prefix_scoring.continuation_logprobs`.
+`sweet_jax.inference.prefix_scoring.continuation_logprobs`.
 
     python bench/prefix_scoring.py                          # d256, 4 layers, V 32000, history 4096, 16 x 256
     python bench/prefix_scoring.py --history 512 --cand 64 --repeats 1
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     from sweet_jax import models
     from sweet_jax.objectives import gathered_logprobs
-    from sweet_jax.prefix_scoring import continuation_logprobs
+    from sweet_jax.inference.prefix_scoring import continuation_logprobs
 
     cfg = models.LlamaConfig.preset("tiny", vocab_size=args.vocab, hidden_size=args.hidden,
                                     intermediate_size=args.hidden * 4, num_layers=args.layers,

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from sweet_jax.colbench.render import Renderer
-    from sweet_jax.colbench.tasks import load_tasks
+    from sweet_jax.colbench.task_sets import load_tasks
 
     tasks = load_tasks(args.tasks, "frontend", limit=args.pages)
     out = tempfile.mkdtemp(prefix="render-bench-")

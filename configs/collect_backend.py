@@ -1,4 +1,4 @@
-"""ColBench backend rollouts (spec section 2): k conversations per task between an agent and the simulated human, both
+"""ColBench backend rollouts: k conversations per task between an agent and the simulated human, both
 behind OpenAI-compatible endpoints, scored in the sandbox as they finish.
 
     python -m sweet_jax.collect --config configs/collect_backend.py \\

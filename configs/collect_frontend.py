@@ -1,4 +1,4 @@
-"""ColBench frontend rollouts (spec sections 2 and 3.2): the agent writes Tailwind HTML, every page it gives is
+"""ColBench frontend rollouts: the agent writes Tailwind HTML, every page it gives is
 rendered offline, and a vision-language simulator compares its screenshot with the target's.
 
     python -m sweet_jax.collect --config configs/collect_frontend.py \\

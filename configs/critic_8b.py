@@ -1,4 +1,4 @@
-"""SWEET-RL step 2: the critic (Llama-3.1-8B-Instruct) on ground-truth preference pairs, backend (spec section 4).
+"""SWEET-RL step 2: the critic (Llama-3.1-8B-Instruct) on ground-truth preference pairs, backend.
 
 The critic sees "In light that the final answer is: <reference>." before the conversation; its trajectory reward is
 beta * (mean assistant-token log-prob - the frozen initial critic's). Table 5: lr 2e-7, beta 0.1, NLL 0.01, batch 8,

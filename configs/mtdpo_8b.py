@@ -1,4 +1,4 @@
-"""Baseline: multi-turn DPO on whole trajectories (spec section 5): the ground-truth pairs of step 1 without the
+"""Baseline: multi-turn DPO on whole trajectories: the ground-truth pairs of step 1 without the
 information prefix, every agent turn scored (summed), NLL 0.01. Table 5: lr 2e-7, beta 0.1, batch 8, 4 epochs."""
 
 from sweet_jax.training.defaults import recipe_8b

@@ -1,4 +1,4 @@
-"""SWEET-RL step 6: the actor. DPO of Llama-3.1-8B-Instruct on critic-ranked candidate pairs (spec section 4).
+"""SWEET-RL step 6: the actor. DPO of Llama-3.1-8B-Instruct on critic-ranked candidate pairs.
 
 Pairs: for each state, 4 draws of a top-half vs a bottom-half candidate of the 16 ranked by the critic.
 Official scoring: the sum of log-probs over the whole sequence (the prompt cancels in the DPO logit) and an NLL

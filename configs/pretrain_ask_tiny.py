@@ -1,4 +1,4 @@
-"""Pre-training of the toy-scale science check (issue 7): supervised fine-tuning of a random-init tiny Llama on the
+"""Pre-training of the toy-scale science check : supervised fine-tuning of a random-init tiny Llama on the
 SYNTHETIC "ask" domain (`sweet_jax.colbench.synthetic.write_ask_data`): scripted collaborations, and the simulated
 human's replies. The result plays both parts in `configs/sweet_backend_tiny.py`: the agent (asks the good question,
 the vague one, or answers at once, about a third of the time each) and the simulator (tells the constant when asked

@@ -1,4 +1,4 @@
-"""Baseline: rejection fine-tuning (spec section 5): token-mean NLL on every agent turn of the successful
+"""Baseline: rejection fine-tuning: token-mean NLL on every agent turn of the successful
 trajectories. Table 5: lr 2e-7, batch 32, 4 epochs."""
 
 from sweet_jax.training.defaults import recipe_8b

@@ -1,4 +1,4 @@
-"""SWEET-RL end to end on ColBench backend with Llama-3.1-8B-Instruct (the paper's main setting, spec section 4):
+"""SWEET-RL end to end on ColBench backend with Llama-3.1-8B-Instruct (the paper's main setting):
 `python -m sweet_jax.pipeline --config configs/sweet_backend_8b.py`.
 
 - The agent and the starting point of the critic and the actor: Llama-3.1-8B-Instruct; the simulated human:

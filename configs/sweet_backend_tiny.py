@@ -1,4 +1,4 @@
-"""SWEET-RL end to end at toy scale on the CPU, and the science check of issue 7:
+"""SWEET-RL end to end at toy scale on the CPU, and the science check:
 `python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py`.
 
 SYNTHETIC tasks, not ColBench: the "ask" domain (`sweet_jax.colbench.synthetic`). Each task wants

@@ -21,16 +21,19 @@ if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_JAX_CHROMIUM:-}" ]; th
     apt_install chromium "the ColBench frontend renderer"
 fi
 
-# Tailwind 2.2.19's CSS from the npm registry, for offline rendering (every frontend page loads it).
+# Tailwind 2.2.19's CSS, from the npm package fetched with the npm client (`npm pack`), for offline rendering (every
+# frontend page loads it). Its sha256 lives in sweet_jax/colbench/render.py, which checks it again when rendering.
 TAILWIND_CSS="${SWEET_JAX_TAILWIND_CSS:-$HOME/.cache/sweet_jax/tailwind-2.2.19.min.css}"
-TAILWIND_SHA256="b6ad97402eddb903e7a5d7a73ee47a679204efbdda4521a391cbad9df509b932"
+TAILWIND_SHA256="$(sed -n 's/^TAILWIND_SHA256 = "\([0-9a-f]*\)".*/\1/p' sweet_jax/colbench/render.py)"
 if [ "$(sha256sum "$TAILWIND_CSS" 2>/dev/null | cut -d' ' -f1)" != "$TAILWIND_SHA256" ]; then
-    echo "[setup] fetching Tailwind 2.2.19 CSS (npm registry)"
+    command -v npm >/dev/null 2>&1 || apt_install npm "the Tailwind download for the frontend renderer"
+    echo "[setup] fetching Tailwind 2.2.19 (npm pack tailwindcss@2.2.19)"
     TMP="$(mktemp -d)"
-    curl -fsSL -o "$TMP/tw.tgz" https://registry.npmjs.org/tailwindcss/-/tailwindcss-2.2.19.tgz
-    tar -xzf "$TMP/tw.tgz" -C "$TMP" package/dist/tailwind.min.css
+    (cd "$TMP" && npm pack --silent tailwindcss@2.2.19 >/dev/null)
+    tar -xzf "$TMP"/tailwindcss-2.2.19.tgz -C "$TMP" package/dist/tailwind.min.css
     if [ "$(sha256sum "$TMP/package/dist/tailwind.min.css" | cut -d' ' -f1)" != "$TAILWIND_SHA256" ]; then
-        echo "[setup] error: the Tailwind CSS from the registry does not have the expected sha256" >&2; exit 1
+        echo "[setup] error: the Tailwind CSS from npm does not have the sha256 in sweet_jax/colbench/render.py" >&2
+        exit 1
     fi
     mkdir -p "$(dirname "$TAILWIND_CSS")"
     mv "$TMP/package/dist/tailwind.min.css" "$TAILWIND_CSS.tmp" && mv "$TAILWIND_CSS.tmp" "$TAILWIND_CSS"

@@ -5,7 +5,7 @@
         [--dry-run] -- python -m sweet_jax.train --config configs/critic_8b.py --config.mesh.fsdp=-1
 
 It writes an sbatch script (under --script-dir) and submits it with `sbatch`; `--dry-run` prints the script instead.
-In the job, every task gets what `sweet_jax.distributed.initialize` reads: JAX_COORDINATOR_ADDRESS (the first node of
+In the job, every task gets what `sweet_jax.parallel.distributed.initialize` reads: JAX_COORDINATOR_ADDRESS (the first node of
 the allocation, port --port), JAX_NUM_PROCESSES ($SLURM_NTASKS) and JAX_PROCESS_ID ($SLURM_PROCID). `srun
 --kill-on-bad-exit` ends the whole step when one task fails. The job is requeued on preemption or node failure and
 the trainer resumes from its last checkpoint, so a requeued job loses at most `train.checkpoint_every` steps.
@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sweet_jax.distributed import env as jax_env  # noqa: E402  (stdlib-only import: no jax needed here)
+from sweet_jax.parallel.distributed import env as jax_env  # noqa: E402  (stdlib-only import: no jax needed here)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,7 +8,7 @@ What it does:
 1. Asks `gcloud compute tpus tpu-vm describe` for the workers' internal IPs (or takes --workers and --coordinator).
 2. Starts `gcloud compute tpus tpu-vm ssh --worker=i` for every worker at once. Each runs the command in --repo-dir
    with JAX_COORDINATOR_ADDRESS (worker 0, port --port), JAX_NUM_PROCESSES and its own JAX_PROCESS_ID, which
-   `sweet_jax.distributed.initialize` turns into `jax.distributed.initialize`.
+   `sweet_jax.parallel.distributed.initialize` turns into `jax.distributed.initialize`.
 3. Prefixes every output line with its worker, keeps a log per worker under --log-dir, and waits. If one worker
    fails or you press Ctrl-C, it stops the others; the exit status is the first failure's.
 
@@ -28,7 +28,7 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sweet_jax.distributed import env as jax_env  # noqa: E402  (stdlib-only import: no jax needed here)
+from sweet_jax.parallel.distributed import env as jax_env  # noqa: E402  (stdlib-only import: no jax needed here)
 
 
 def parse_args(argv=None):

@@ -17,148 +17,30 @@ exit 2 for bad input. Config overrides work as in `sweet_jax.train` (`--config.d
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from sweet_jax.cli import parse_flags
+from sweet_jax.cli.app import require_config, run
+from sweet_jax.files.atomic import write_json
+from sweet_jax.training.planning import PlanError, format_plan, parse_mesh
 
-config_flags.DEFINE_config_file("config", None, "A job config file under configs/.", lock_config=True)
-flags.DEFINE_string("mesh", None, 'Mesh axis sizes, e.g. "fsdp=8" or "data=2,fsdp=2,tensor=2".')
-flags.DEFINE_integer("devices", None, "Device count (only needed when the mesh has a -1).")
-flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: data.max_len).")
-flags.DEFINE_integer("turn_len", 0, "Plan prefix-shared pairs whose two turns have this many tokens each.")
-flags.DEFINE_float("hbm_gib", 80.0, "Per-device memory budget, GiB.")
-flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
-flags.DEFINE_boolean("search", True, "When over budget, plan the stronger remat policies too.")
 FLAGS = flags.FLAGS
 
-AXES = ("data", "fsdp", "tensor")
 
-
-class PlanError(ValueError):
-    pass
-
-
-def parse_mesh(text: str | None, config_mesh: dict, devices: int | None) -> tuple[dict, int]:
-    """({axis: size}, device count) from "fsdp=8"-style text (or the config's mesh)."""
-    if text:
-        sizes = dict.fromkeys(AXES, 1)
-        for part in text.split(","):
-            name, _, value = part.partition("=")
-            name = name.strip()
-            if name not in AXES or not value.strip().lstrip("-").isdigit():
-                raise PlanError(f"--mesh {text!r}: expected comma-separated axis=size with axes {AXES}, "
-                                f"e.g. fsdp=8 or data=2,fsdp=4")
-            sizes[name] = int(value)
-    else:
-        sizes = {a: int(config_mesh[a]) for a in AXES}
-    if any(s == 0 or s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
-        raise PlanError(f"mesh {sizes}: sizes must be positive, with at most one -1")
-    known = 1
-    for s in sizes.values():
-        known *= s if s != -1 else 1
-    if -1 in sizes.values():
-        if devices is None:
-            raise PlanError(f"mesh {sizes} has a -1: give --devices N, or name every size in --mesh")
-        if devices % known:
-            raise PlanError(f"{devices} devices do not divide into mesh {sizes}")
-        sizes = {a: (devices // known if s == -1 else s) for a, s in sizes.items()}
-    elif devices is not None and devices != known:
-        raise PlanError(f"mesh {sizes} has {known} devices, but --devices={devices}")
-    return sizes, sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-
-
-def _gib(x: float) -> str:
-    return f"{x / 2 ** 30:8.2f} GiB"
-
-
-def report(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
-    p = result["plan"]
-    n = p.devices
-    from sweet_jax.training import objective as obj  # after main() has set up the devices
-
-    unit = "pairs" if cfg.objective in obj.PAIRED else "examples"
-    shards = mesh_sizes['data'] * mesh_sizes['fsdp']
-    if p.turn_len:
-        padded = p.row_len - p.seq_len - p.turn_len
-        batch_line = (f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} prefix-shared rows x {p.row_len} "
-                      f"tokens (a {p.seq_len - p.turn_len}-token history, then two {p.turn_len}-token turns"
-                      + (f", {padded} tokens of padding to the row bucket" if padded else "")
-                      + "), every token of both examples scored (worst case)")
-    else:
-        batch_line = (f"micro-batch: {p.micro_batch_size} {unit} = {p.sequences} sequences x {p.seq_len} tokens, "
-                      f"every token scored (worst case)")
-    lines = [
-        f"plan: objective {cfg.objective} on mesh {mesh_sizes} ({n} devices)"
-        + (f", rules {cfg.mesh.rules}" if cfg.mesh.rules else ""),
-        f"model: {model_cfg.num_params() / 1e9:.2f}B params{arch_note}; params {model_cfg.param_dtype}, compute "
-        f"{model_cfg.compute_dtype}, remat {model_cfg.remat_policy}, attention {model_cfg.attention_impl}"
-        + (" (the blockwise einsum on these CPU devices; GPU/TPU kernels need less)"
-           if model_cfg.attention_impl == "auto" else ""),
-        f"{batch_line}; {p.sequences * p.row_len // shards} tokens per batch shard",
-    ]
-    if not p.turn_len and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs:
-        lines.append("  note: pairs that share a history train as one row each (data.pack_pairs), which needs less: "
-                     "plan that with --turn-len N (tokens of each pair's own turn)")
-    if p.micro_batch_size != int(cfg.optim.micro_batch_size):
-        lines.append(f"  note: optim.micro_batch_size={cfg.optim.micro_batch_size} does not split over the "
-                     f"{shards} batch shards (data x fsdp); planned with "
-                     f"{p.micro_batch_size}, the smallest that does, as the trainer requires (set "
-                     f"--config.optim.micro_batch_size={p.micro_batch_size} and optim.batch_size to a multiple)")
-    lines += [
-        "per device (XLA memory analysis of the compiled step):",
-        f"  params            {_gib(p.params_bytes)}",
-        f"  optimiser state   {_gib(p.opt_state_bytes)}  (Adam moments, accumulated gradients)",
-        f"  arguments         {_gib(p.argument_bytes)}  (state + batch)",
-        f"  outputs           {_gib(p.output_bytes)}  ({_gib(p.alias_bytes).strip()} written in place over donated "
-        f"arguments)",
-        f"  temporaries       {_gib(p.temp_bytes)}  (activations kept for the backward pass, working set)",
-    ]
-    if p.frozen_reference_bytes:
-        lines.append(f"  frozen reference  {_gib(p.frozen_reference_bytes)}  (loss.reference=recompute)")
-    lines += [
-        f"  total             {_gib(p.total_bytes)}  {'<=' if result['fits'] else '>'} budget {hbm_gib:g} GiB",
-        f"model FLOPs per micro-step: {p.model_flops:.3e} ({p.model_flops / n:.3e} per device)",
-        f"compiled in {p.compile_seconds:.1f} s",
-    ]
-    if result["fits"]:
-        lines.append("verdict: FITS")
-        return "\n".join(lines)
-    for alt in result["alternatives"]:
-        rules = f", rules {alt.rules}" if alt.rules != cfg.mesh.rules else ""
-        lines.append(f"  with remat_policy={alt.remat_policy}{rules}: total {_gib(alt.total_bytes).strip()} "
-                     f"(temporaries {_gib(alt.temp_bytes).strip()})")
-    if result["suggestion"]:
-        lines.append(f"verdict: OVER BUDGET; fits with {result['suggestion']}")
-    else:
-        best = min([p] + result["alternatives"], key=lambda q: q.total_bytes)
-        lines.append(f"verdict: OVER BUDGET with every remat policy (least: {_gib(best.total_bytes).strip()} with "
-                     f"remat_policy={best.remat_policy}); use more devices, a tensor axis with sequence parallelism "
-                     f"(--mesh ...,tensor=N --config.mesh.rules=act_seq=tensor), or shorter sequences")
-    return "\n".join(lines)
-
-
-def main(argv):
-    del argv
-    cfg = FLAGS.config
-    if cfg is None:
-        raise app.UsageError("--config is required, e.g. --config configs/critic_8b.py --mesh fsdp=8")
-    try:
-        sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def main(argv) -> int:
+    cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8")
+    sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
     # Fake CPU devices, set before jax starts: the plan needs no accelerator and allocates nothing.
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
                                f"--xla_force_host_platform_device_count={devices}").strip()
     import jax
 
-    from sweet_jax import models, sharding
+    from sweet_jax import models
+    from sweet_jax.parallel import sharding
     from sweet_jax.training import aot, trainer
 
     if jax.device_count() != devices:
@@ -178,16 +60,21 @@ def main(argv):
     except (models.ConfigError, trainer.SetupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(report(result, cfg, model_cfg, sizes, FLAGS.hbm_gib, arch_note))
+    print(format_plan(result, cfg, model_cfg, sizes, FLAGS.hbm_gib, arch_note))
     if FLAGS.json:
         doc = {"mesh": sizes, "hbm_gib": FLAGS.hbm_gib, "fits": result["fits"], "suggestion": result["suggestion"],
                "plan": result["plan"].as_dict(), "alternatives": [a.as_dict() for a in result["alternatives"]]}
-        tmp = f"{FLAGS.json}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=2)
-        os.replace(tmp, FLAGS.json)
+        write_json(FLAGS.json, doc, indent=2)
     return 0 if result["fits"] else 1
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    config_flags.DEFINE_config_file("config", None, "A job config file under configs/.", lock_config=True)
+    flags.DEFINE_string("mesh", None, 'Mesh axis sizes, e.g. "fsdp=8" or "data=2,fsdp=2,tensor=2".')
+    flags.DEFINE_integer("devices", None, "Device count (only needed when the mesh has a -1).")
+    flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: data.max_len).")
+    flags.DEFINE_integer("turn_len", 0, "Plan prefix-shared pairs whose two turns have this many tokens each.")
+    flags.DEFINE_float("hbm_gib", 80.0, "Per-device memory budget, GiB.")
+    flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
+    flags.DEFINE_boolean("search", True, "When over budget, plan the stronger remat policies too.")
+    run(main, errors=(PlanError,))

@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 def multiprocess_env(n_processes: int, devices_per_process: int) -> list[dict]:
     """Environments for a local multi-host job: n CPU processes with their own fake devices, joined by
-    `sweet_jax.distributed.initialize` through the variables the launchers set."""
+    `sweet_jax.parallel.distributed.initialize` through the variables the launchers set."""
     port = _free_port()
     base = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                 JAX_NUM_PROCESSES=str(n_processes),

@@ -68,7 +68,8 @@ def test_splash_refuses_lengths_that_are_not_whole_tiles():
 def test_splash_under_a_mesh_runs_per_shard_and_matches_the_reference_model():
     out = run_with_devices("""
         import jax, jax.numpy as jnp, numpy as np
-        from sweet_jax import models, sharding
+        from sweet_jax import models
+        from sweet_jax.parallel import sharding
         cfg = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
                                         num_heads=4, num_kv_heads=2)
         params = models.init_params(cfg, jax.random.key(0), std=0.1)

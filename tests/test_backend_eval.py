@@ -19,7 +19,7 @@ import pytest
 from sweet_jax.colbench import backend_eval, sandbox
 from sweet_jax.colbench.sandbox_worker import decode, encode
 from sweet_jax.colbench.scoring import score_answer
-from sweet_jax.data.trajectories import DataError
+from sweet_jax.files.errors import DataError
 
 BACKEND = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "colbench", "backend_test.jsonl")
 needs_bwrap = pytest.mark.skipif(sandbox.shutil.which("bwrap") is None, reason="bubblewrap not installed")

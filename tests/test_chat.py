@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from sweet_jax.chat import ASSISTANT, ROLE_IDS, Llama31ChatFormat, bundled_llama3_tokenizer_dir, load_tokenizer
+from sweet_jax.chat import load_tokenizer
+from sweet_jax.chat.llama3 import ASSISTANT, ROLE_IDS, Llama31ChatFormat, bundled_llama3_tokenizer_dir
 
 # Meta's Llama-3.1 chat template reduced to the no-tools case (the branches ColBench uses), as an independent
 # reference rendered by transformers' apply_chat_template.
@@ -163,7 +164,7 @@ def test_segment_recovers_render_from_token_ids(tok, gen):
 
 
 def test_parse_text_inverts_render_text():
-    from sweet_jax.chat import parse_text, render_text
+    from sweet_jax.chat.llama3 import parse_text, render_text
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\n\nb"},
                 {"role": "assistant", "content": "Which number?"}, {"role": "user", "content": "7"}]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from multidevice import run_with_devices
 
-from sweet_jax import checkpoint, models
+from sweet_jax import models
+from sweet_jax.models import loading, orbax_params
 
 
 def _assert_identical(a, b):
@@ -20,23 +21,23 @@ def _assert_identical(a, b):
 def test_orbax_round_trip_is_exact(tmp_path, dtype):
     cfg = models.LlamaConfig.preset("tiny", vocab_size=500, param_dtype=dtype)
     params = models.init_params(cfg, jax.random.key(0))
-    checkpoint.save_params(tmp_path / "ckpt", params)
-    _assert_identical(checkpoint.restore_params(tmp_path / "ckpt"), params)
-    _assert_identical(checkpoint.restore_params(tmp_path / "ckpt", models.abstract_params(cfg)), params)
+    orbax_params.save_params(tmp_path / "ckpt", params)
+    _assert_identical(orbax_params.restore_params(tmp_path / "ckpt"), params)
+    _assert_identical(orbax_params.restore_params(tmp_path / "ckpt", models.abstract_params(cfg)), params)
 
 
 def test_restore_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
-        checkpoint.restore_params(tmp_path / "nope")
+        orbax_params.restore_params(tmp_path / "nope")
 
 
 def test_save_refuses_to_overwrite_without_force(tmp_path):
     params = {"w": jnp.ones((3,))}
-    checkpoint.save_params(tmp_path / "c", params)
+    orbax_params.save_params(tmp_path / "c", params)
     with pytest.raises(Exception):
-        checkpoint.save_params(tmp_path / "c", {"w": jnp.zeros((3,))})
-    checkpoint.save_params(tmp_path / "c", {"w": jnp.zeros((3,))}, force=True)
-    np.testing.assert_array_equal(checkpoint.restore_params(tmp_path / "c")["w"], np.zeros(3))
+        orbax_params.save_params(tmp_path / "c", {"w": jnp.zeros((3,))})
+    orbax_params.save_params(tmp_path / "c", {"w": jnp.zeros((3,))}, force=True)
+    np.testing.assert_array_equal(orbax_params.restore_params(tmp_path / "c")["w"], np.zeros(3))
 
 
 @pytest.mark.slow
@@ -45,19 +46,21 @@ def test_restore_and_hf_load_onto_8_device_mesh(tmp_path):
     are unchanged, and a sharded forward equals the single-device one."""
     cfg = models.LlamaConfig.preset("tiny", vocab_size=512, num_heads=8, num_kv_heads=4, hidden_size=64)
     params = models.init_params(cfg, jax.random.key(0), std=0.2)
-    checkpoint.save_params(tmp_path / "ckpt", params)
+    orbax_params.save_params(tmp_path / "ckpt", params)
     models.save_hf_params(params, cfg, tmp_path / "hf")
     tokens = np.random.RandomState(0).randint(0, 512, (4, 16)).astype(np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
     np.save(tmp_path / "logits.npy", np.asarray(models.forward(params, cfg, tokens)))
     out = run_with_devices(f"""
         import jax, numpy as np
-        from sweet_jax import checkpoint, models, sharding
+        from sweet_jax import models
+        from sweet_jax.models import orbax_params
+        from sweet_jax.parallel import sharding
         assert jax.device_count() == 8
         cfg = models.LlamaConfig.from_pretrained({str(tmp_path / 'hf')!r})
         mesh = sharding.make_mesh({{"data": 2, "fsdp": 2, "tensor": -1}})
         target = sharding.named_shardings(models.param_logical_axes(cfg), models.param_shapes(cfg), mesh)
-        restored = checkpoint.restore_params({str(tmp_path / 'ckpt')!r}, shardings=target)
+        restored = orbax_params.restore_params({str(tmp_path / 'ckpt')!r}, shardings=target)
         loaded = models.load_hf_params({str(tmp_path / 'hf')!r}, cfg, shardings=target)
         for tree in (restored, loaded):
             for arr, want in zip(jax.tree.leaves(tree), jax.tree.leaves(target)):
@@ -94,13 +97,13 @@ def test_load_model_reads_a_training_run_and_an_hf_directory(tmp_path):
     with ocp.CheckpointManager(run / "checkpoints") as manager:
         manager.save(7, args=ocp.args.StandardSave(state))
         manager.wait_until_finished()
-    got_cfg, got, tokenizer = checkpoint.load_model(str(run))
+    got_cfg, got, tokenizer = loading.load_model(str(run))
     assert got_cfg.num_layers == 1 and tokenizer is None
     _assert_identical(got, params)
 
     models.save_hf_params(params, cfg, tmp_path / "hf")
-    hf_cfg, hf_params, _ = checkpoint.load_model(str(tmp_path / "hf"))
+    hf_cfg, hf_params, _ = loading.load_model(str(tmp_path / "hf"))
     assert hf_cfg.hidden_size == cfg.hidden_size
     _assert_identical(hf_params, params)
-    with pytest.raises(checkpoint.ModelLoadError, match="neither an HF checkpoint"):
-        checkpoint.load_model(str(tmp_path))
+    with pytest.raises(loading.ModelLoadError, match="neither an HF checkpoint"):
+        loading.load_model(str(tmp_path))

@@ -1,16 +1,16 @@
-"""ColBench task loading, episodes (spec section 2) and the HTML helpers; no network, no model."""
+"""ColBench task loading, episodes and the HTML helpers; no network, no model."""
 
 import json
 import os
 
 import pytest
 
-from sweet_jax.chat import render_text
+from sweet_jax.chat.llama3 import render_text
 from sweet_jax.colbench import prompts
 from sweet_jax.colbench.env import NO_ANSWER, BackendEpisode, FrontendEpisode, split_output
 from sweet_jax.colbench.html import extract_html, rewrite_image_urls
-from sweet_jax.colbench.tasks import load_tasks
-from sweet_jax.data.trajectories import DataError
+from sweet_jax.colbench.task_sets import load_tasks
+from sweet_jax.files.errors import DataError
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "colbench")
 TASK = {"problem_description": "Write a function. The signature of the function is: def f(x)",

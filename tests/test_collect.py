@@ -11,9 +11,9 @@ import time
 import pytest
 from fake_openai import DRAFT_PAGE, QUESTION, SIMULATOR_REPLY, FakeOpenAI
 
-from sweet_jax.colbench.collect import collect, read_partial
-from sweet_jax.colbench.tasks import load_tasks
-from sweet_jax.data.trajectories import DataError
+from sweet_jax.colbench.collection import collect, read_partial
+from sweet_jax.colbench.task_sets import load_tasks
+from sweet_jax.files.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")

@@ -1,4 +1,4 @@
-"""Every job config loads, and the paper recipes carry Table 5's hyperparameters (spec section 4.1)."""
+"""Every job config loads, and the paper recipes carry Table 5's hyperparameters."""
 
 import glob
 import importlib.util

@@ -6,12 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer, render_text
+from sweet_jax.chat import load_tokenizer
+from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir, render_text
 from sweet_jax.colbench import synthetic
 from sweet_jax.data import pairs
-from sweet_jax.data.batching import bucket_length, collate, default_buckets, round_up
+from sweet_jax.data.batching import collate
+from sweet_jax.data.buckets import bucket_length, default_buckets, round_up
 from sweet_jax.data.examples import INFO_TEMPLATE, ExampleBuilder
-from sweet_jax.data.trajectories import DataError, ReadStats, read_trajectories, validate_record
+from sweet_jax.data.trajectories import ReadStats, read_trajectories, validate_record
+from sweet_jax.files.errors import DataError
 
 
 @pytest.fixture(scope="module")

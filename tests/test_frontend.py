@@ -15,7 +15,7 @@ from PIL import Image
 
 from sweet_jax.colbench.render import Renderer, solid_png
 from sweet_jax.colbench.similarity import Similarity, clip_pixels, pixel_similarity, win_rate
-from sweet_jax.colbench.tasks import load_tasks
+from sweet_jax.colbench.task_sets import load_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = os.path.join(ROOT, "..", "shared", "colbench", "frontend_test.jsonl")

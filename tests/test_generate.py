@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from sweet_jax import models
-from sweet_jax.generate import Sample, SamplingParams, generate, generate_stream
+from sweet_jax.inference.sampling import Sample, SamplingParams, generate, generate_stream
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
@@ -118,7 +118,7 @@ def test_sampled_frequencies_match_the_softmax(temperature, top_k):
 def test_two_level_categorical_draws_from_the_softmax():
     """The blockwise draw against exact probabilities: a vocabulary that does not fill its last block, masked
     (-inf) entries that must never come out, and mass spread over several blocks."""
-    from sweet_jax.generate import categorical
+    from sweet_jax.inference.sampling import categorical
 
     v, n = 1000, 200_000
     logits = np.random.default_rng(0).normal(0, 2.0, v).astype(np.float32)
@@ -138,7 +138,7 @@ def test_two_level_categorical_draws_from_the_softmax():
 def test_prompts_of_nearby_lengths_share_one_compiled_shape(params):
     """Lengths round up to open-ended buckets (16 x {1, 1.5} x 2^k): a server meeting prompts of every length
     compiles O(log n) programs, not one per length (the earlier buckets ended at the longest prompt itself)."""
-    from sweet_jax.generate import _decode, _prefill
+    from sweet_jax.inference.sampling import _decode, _prefill
 
     sp = SamplingParams(temperature=0.0, max_tokens=5)
     generate(params, CFG, [list(range(1, 200))], sp)
@@ -170,7 +170,7 @@ def test_decoding_copies_neither_the_weights_nor_the_cache():
     """The compiled decode segment's temporaries do not grow with the layers or the cache: it reads the per-layer
     weights and updates the donated cache in place. (Slicing layers out of stacked weights was measured copying all
     of them; slicing a stacked cache copied it at every step.)"""
-    from sweet_jax.generate import _decode, _prefill
+    from sweet_jax.inference.sampling import _decode, _prefill
 
     def temp_bytes(layers, cache_len):
         cfg = models.LlamaConfig.preset("tiny", vocab_size=32000, hidden_size=512, intermediate_size=2048,

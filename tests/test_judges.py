@@ -1,4 +1,4 @@
-"""The judges of `sweet_jax.judges` against full-sequence references: each scores, on the shared-prefix cache, exactly
+"""The judges of `sweet_jax.sweet.judges` against full-sequence references: each scores, on the shared-prefix cache, exactly
 what its model sees when the whole text is tokenised and run at once (for the score heads, the text their training
 examples have)."""
 
@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from sweet_jax import models, objectives
-from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer, render_text
+from sweet_jax.chat import load_tokenizer
+from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir, render_text
 from sweet_jax.colbench import synthetic
 from sweet_jax.colbench.env import BackendEpisode
 from sweet_jax.data.examples import ExampleBuilder
-from sweet_jax.data.trajectories import DataError
-from sweet_jax.judges import CANDIDATE_SLOT, LLM_JUDGE_INFO, LLM_JUDGE_PROMPT, Judge
+from sweet_jax.files.errors import DataError
+from sweet_jax.sweet.judges import CANDIDATE_SLOT, LLM_JUDGE_INFO, LLM_JUDGE_PROMPT, Judge
 
 CFG = models.LlamaConfig.preset("tiny", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                                 num_kv_heads=2)
@@ -83,16 +84,16 @@ def test_a_judge_of_the_wrong_kind_for_its_model_is_refused(setup):
 
 
 def test_judge_specs_parse_kinds_and_options():
-    from sweet_jax.best_of_n import _parse_judges
+    from sweet_jax.sweet.selection import parse_judges
 
-    got = _parse_judges(["a=/m", "b=/h:head:no-info", "c=/v:value", "d=/p:llm", "e=/c:sum:no-header"])
+    got = parse_judges(["a=/m", "b=/h:head:no-info", "c=/v:value", "d=/p:llm", "e=/c:sum:no-header"])
     assert {k: v["kind"] for k, v in got.items()} == {"a": "critic", "b": "head", "c": "value", "d": "llm",
                                                       "e": "critic"}
     assert got["b"]["no_info"] and got["e"]["use_sum"] and got["e"]["no_header"]
     for bad, msg in (("x=/m:head:value", "more than one kind"), ("x=/m:fast", "unknown options"),
                      ("random=/m", "taken")):
         with pytest.raises(DataError, match=msg):
-            _parse_judges([bad])
+            parse_judges([bad])
 
 
 def test_reduction_helpers_agree_with_the_judges_pooling():

@@ -11,7 +11,7 @@ import textwrap
 from multidevice import one_job_at_a_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOIN = ("from sweet_jax import distributed; distributed.initialize(); import jax, os; "
+JOIN = ("from sweet_jax.parallel import distributed; distributed.initialize(); import jax, os; "
         "os.write(1, b'JOINED %d %d %d\\n' % (jax.process_index(), jax.process_count(), jax.device_count()))")
 
 

@@ -55,7 +55,7 @@ def test_freeze_keeps_named_params_fixed_and_out_of_the_optimiser():
     import jax
     import pytest
 
-    from sweet_jax.training import objective as obj
+    from sweet_jax.training import steps as obj
     cfg, params, batch = _tiny_step_inputs()
     tx = optax.adam(1e-2)
     for freeze in ((), ("embed",)):

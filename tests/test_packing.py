@@ -9,10 +9,11 @@ import pytest
 
 from sweet_jax import models
 from sweet_jax.data import packing
-from sweet_jax.data.batching import collate, default_buckets
+from sweet_jax.data.batching import collate
+from sweet_jax.data.buckets import default_buckets
 from sweet_jax.data.examples import Example
 from sweet_jax.models.attention import attention_mask
-from sweet_jax.training import objective as obj
+from sweet_jax.training import steps as obj
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
@@ -227,9 +228,9 @@ def test_pair_rows_may_outgrow_max_len_and_example_rows_may_not():
     example still fits max_len); rows of whole examples stop at max_len, and a longer data.pack_length is an error."""
     assert packing.pair_buckets(256, 128) == (128, 192, 256, 384, 512)
     assert packing.pair_buckets(8192, 128)[-6:] == (7168, 8192, 10240, 12288, 14336, 16384)
-    from sweet_jax.training import pipeline, trainer
+    from sweet_jax.training import splits, trainer
 
     cfg = ml_collections.ConfigDict(dict(objective="sft", data=dict(pack_examples=True, pack_length=512,
                                                                     max_len=256)))
     with pytest.raises(trainer.SetupError, match="data.pack_length=512 is over data.max_len=256"):
-        trainer.use_packing(cfg, pipeline.Split([_example(list(range(10)), [(5, 10)])], paired=False))
+        trainer.use_packing(cfg, splits.Split([_example(list(range(10)), [(5, 10)])], paired=False))

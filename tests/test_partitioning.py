@@ -9,8 +9,9 @@ from multidevice import run_processes, run_with_devices
 
 STEP_EQUIVALENCE = """
     import jax, jax.numpy as jnp, numpy as np, ml_collections
-    from sweet_jax import models, sharding
-    from sweet_jax.training import objective as obj
+    from sweet_jax import models
+    from sweet_jax.parallel import sharding
+    from sweet_jax.training import steps as obj
     from sweet_jax.training.optim import make_optimizer
     from sweet_jax.training.partitioning import Layout
 
@@ -82,7 +83,8 @@ def test_critic_and_dpo_steps_match_one_device_on_three_meshes():
 
 COVERAGE = """
     import jax, numpy as np, optax
-    from sweet_jax import models, sharding
+    from sweet_jax import models
+    from sweet_jax.parallel import sharding
     from sweet_jax.training.partitioning import Layout
 
     cfg = models.LlamaConfig.preset("llama3.1-8b")
@@ -113,7 +115,8 @@ def test_each_host_builds_only_its_rows_of_a_batch():
     array assembled from the halves is the whole batch."""
     code = """
         import jax, numpy as np
-        from sweet_jax import distributed, models, sharding
+        from sweet_jax import models
+        from sweet_jax.parallel import distributed, sharding
         from sweet_jax.training.optim import make_optimizer
         from sweet_jax.training.partitioning import Layout
         from sweet_jax.training.defaults import base_config

@@ -22,9 +22,9 @@ SCRIPTED = ["--config.data.source=synthetic", "--config.tasks.kind=", "--config.
 
 
 def test_random_init_writes_a_loadable_checkpoint_with_the_head_from_the_embedding(tmp_path):
-    from sweet_jax.checkpoint import load_model
+    from sweet_jax.models.loading import load_model
 
-    proc = subprocess.run([sys.executable, "-m", "sweet_jax.models.random_init", "--output", str(tmp_path / "m"),
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.random_init", "--output", str(tmp_path / "m"),
                            "--std", "0.1", "--head-from-embed", "--overrides",
                            json.dumps(dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                                            num_kv_heads=1, tie_word_embeddings=False))],
@@ -33,7 +33,7 @@ def test_random_init_writes_a_loadable_checkpoint_with_the_head_from_the_embeddi
     cfg, params, tok_dir = load_model(str(tmp_path / "m"), "float32")
     assert cfg.hidden_size == 32 and tok_dir  # the tokenizer travels with it
     assert (params["lm_head"] == params["embed"].T).all() and 0.09 < float(params["embed"].std()) < 0.11
-    tied = subprocess.run([sys.executable, "-m", "sweet_jax.models.random_init", "--output", str(tmp_path / "t"),
+    tied = subprocess.run([sys.executable, "-m", "sweet_jax.random_init", "--output", str(tmp_path / "t"),
                            "--head-from-embed", "--overrides", '{"tie_word_embeddings": true}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert tied.returncode == 2 and "needs untied embeddings" in tied.stderr
 
@@ -105,7 +105,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     for name in finished:
         assert f"stage {name:<7s} done earlier" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    from sweet_jax.best_of_n import states_of
+    from sweet_jax.sweet.candidates import states_of
 
     states = states_of(str(run / "data" / "train_trajectories.jsonl"), 0.1)
     sampled = [json.loads(line) for line in open(run / "bon" / "sampled.jsonl")]
@@ -130,7 +130,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     bon = json.loads((run / "eval" / "best_of_n.json").read_text())
     assert set(bon["success"]) == {"random", "SWEET critic", "SWEET critic, sum", "critic w/o information",
                                    "regression head", "value function", "LLM judge"}
-    from sweet_jax.checkpoint import load_model
+    from sweet_jax.models.loading import load_model
 
     for name, objective in (("critic_head", "reward"), ("critic_value", "value")):
         assert json.loads((run / name / "config.json").read_text())["objective"] == objective
@@ -147,7 +147,7 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
 
     import ml_collections
 
-    from sweet_jax import pipeline
+    from sweet_jax.sweet import stages as pipeline
 
     spans, lock = {}, threading.Lock()
 

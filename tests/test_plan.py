@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sweet_jax import models
-from sweet_jax.plan import PlanError, parse_mesh
+from sweet_jax.training.planning import PlanError, parse_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.max_len=256", "--config.model.preset_overrides.num_layers=1"]
@@ -101,9 +101,9 @@ def test_the_planned_batch_is_the_batch_the_trainer_collates(packed):
     import ml_collections
     import numpy as np
 
-    from sweet_jax import sharding
+    from sweet_jax.parallel import sharding
     from sweet_jax.data.examples import Example
-    from sweet_jax.training import aot, pipeline
+    from sweet_jax.training import aot, splits
     from sweet_jax.training.partitioning import Layout
     from sweet_jax.training.trainer import Batcher
 
@@ -122,7 +122,7 @@ def test_the_planned_batch_is_the_batch_the_trainer_collates(packed):
                       example(history + rng.integers(200, 300, turn).tolist())))
     cfg = ml_collections.ConfigDict(dict(data=dict(max_len=seq, min_bucket=128, pack_length=0),
                                          loss=dict(nll_span="score")))
-    real = Batcher(cfg, 0)(pipeline.Split(items, paired=True, packed=packed), np.arange(pairs),
+    real = Batcher(cfg, 0)(splits.Split(items, paired=True, packed=packed), np.arange(pairs),
                            np.zeros((pairs, 2), np.float32))
     model_cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
                                           num_kv_heads=2)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import models
-from sweet_jax.prefix_scoring import continuation_logprobs, continuation_values, next_token_logprobs
+from sweet_jax.inference.prefix_scoring import continuation_logprobs, continuation_values, next_token_logprobs
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)

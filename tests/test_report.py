@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sweet_jax import report
+from sweet_jax.sweet import reporting as report
 
 
 def test_wilson_interval_matches_hand_computed_values():

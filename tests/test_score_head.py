@@ -13,7 +13,7 @@ import transformers
 
 from sweet_jax import models, objectives
 from sweet_jax.models.config import LlamaConfig
-from sweet_jax.training import objective as obj
+from sweet_jax.training import steps as obj
 from sweet_jax.training.defaults import base_config
 
 

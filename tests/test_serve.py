@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from sweet_jax import models
-from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+from sweet_jax.chat import load_tokenizer
+from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -75,7 +76,7 @@ def test_chat_with_n_16_and_logprobs(server):
 
 
 def test_seeded_greedy_chat_is_deterministic_and_matches_the_model(server):
-    from sweet_jax.chat import render_text
+    from sweet_jax.chat.llama3 import render_text
 
     c = _client(server)
     a = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=6, temperature=0.0, logprobs=True)
@@ -196,7 +197,7 @@ def test_streamed_chat_with_a_stop_string_matches_the_whole_response(server):
 
 
 def _detok(stops, tok=None):
-    from sweet_jax.serving.api import _Detokenizer
+    from sweet_jax.inference.api import _Detokenizer
 
     return _Detokenizer(tok or load_tokenizer(bundled_llama3_tokenizer_dir()), (128009,), stops)
 
@@ -243,7 +244,7 @@ def test_engine_streams_while_the_batch_is_still_decoding(monkeypatch):
     consumer has received that segment's delta (if deltas only arrived after generation, it would wait in vain)."""
     import threading
 
-    from sweet_jax.serving import engine as engine_mod
+    from sweet_jax.inference import engine as engine_mod
 
     received = threading.Event()
     paused_in_time = []

@@ -2,8 +2,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from multidevice import run_with_devices
 
-from sweet_jax import sharding
-from sweet_jax.sharding import DEFAULT_RULES, logical_to_spec
+from sweet_jax.parallel import sharding
+from sweet_jax.parallel.sharding import DEFAULT_RULES, logical_to_spec
 
 
 def test_logical_names_map_through_the_rules_table():
@@ -18,7 +18,7 @@ def test_logical_names_map_through_the_rules_table():
 def test_mesh_inference_divisibility_and_axis_reuse():
     out = run_with_devices("""
         from jax.sharding import PartitionSpec as P
-        from sweet_jax.sharding import logical_to_spec, make_mesh
+        from sweet_jax.parallel.sharding import logical_to_spec, make_mesh
         mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 4})
         assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "tensor": 4}
         # 2 kv heads cannot be split 4 ways: replicated rather than an invalid sharding.

@@ -5,7 +5,7 @@ official scoring."""
 import json
 import random
 
-from sweet_jax.chat import render_text
+from sweet_jax.chat.llama3 import render_text
 from sweet_jax.colbench import synthetic
 from sweet_jax.colbench.env import BackendEpisode
 from sweet_jax.colbench.scoring import score_answer

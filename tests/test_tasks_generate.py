@@ -9,8 +9,8 @@ import sys
 
 from fake_openai import FakeOpenAI
 
-from sweet_jax.colbench.generate import parse_reply, signature
-from sweet_jax.colbench.tasks import load_tasks
+from sweet_jax.colbench.task_writer import parse_reply, signature
+from sweet_jax.colbench.task_sets import load_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {f"test{i}": f"area({i}, {i + 1})" for i in range(1, 11)}

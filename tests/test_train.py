@@ -90,7 +90,7 @@ def test_objectives_train_and_export(tmp_path, config, extra):
     head = any(e in ("--config.objective=reward", "--config.objective=value") for e in extra)
     assert hf["architectures"] == ["LlamaForSequenceClassification" if head else "LlamaForCausalLM"]
     if head:  # both the run directory and its export load as a score-head model
-        from sweet_jax.checkpoint import load_model
+        from sweet_jax.models.loading import load_model
 
         for path in (tmp_path / "run", tmp_path / "run" / "hf"):
             cfg, params, _ = load_model(str(path))

@@ -1,4 +1,4 @@
-"""The sandboxed backend evaluator: official ColBench scoring (spec section 3.1), with model code contained.
+"""The sandboxed backend evaluator: official ColBench scoring, with model code contained.
 
 For each record (a trajectory, or any JSON object with `task` and `answer`):
 1. the keyword veto on the answer (the whole record scores 0);
@@ -10,8 +10,7 @@ For each record (a trajectory, or any JSON object with `task` and `answer`):
    sandboxes from plain data, compare equal with Python `==` (an exception while comparing fails the test);
 5. reward = passed / tests, success = (reward == 1).
 
-Semantics: "reference" reproduces the official exec/eval namespace quirk (separate globals and locals, spec 3.1 point
-6); "clean" runs the code as an ordinary module namespace. The ground-truth results of a task are computed once per
+Semantics: "reference" reproduces the official exec/eval namespace quirk (separate globals and locals); "clean" runs the code as an ordinary module namespace. The ground-truth results of a task are computed once per
 (code, calls, semantics) and reused by its other rollouts.
 
 `evaluate_file` scores a JSONL file with a worker pool, appends finished records to `OUT.partial` (so a killed run
@@ -30,8 +29,10 @@ import threading
 from sweet_jax.colbench import sandbox
 from sweet_jax.colbench.sandbox_worker import decode
 from sweet_jax.colbench.scoring import extract_code, vetoed
-from sweet_jax.colbench.jsonl import append_scored, load_partial, parse_object, write_jsonl
-from sweet_jax.data.trajectories import DataError, task_key
+from sweet_jax.files.jsonl import parse_object
+from sweet_jax.files.partial import PartialFile
+from sweet_jax.data.trajectories import task_key
+from sweet_jax.files.errors import DataError
 
 SEMANTICS = {"reference": "official", "clean": "clean"}
 TEST_TIMEOUT_S = 1.0
@@ -148,10 +149,9 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
         lines = [(i + 1, ln) for i, ln in enumerate(fh) if ln.strip()]
     records = {n: parse_record(ln, f"{input_path}:{n}") for n, ln in lines}  # fail fast, before any work
 
-    partial = output_path + ".partial"
-    os.makedirs(os.path.dirname(os.path.abspath(output_path)) or ".", exist_ok=True)
-    done = load_partial(partial)
-    hide = (os.path.abspath(input_path), os.path.abspath(partial), os.path.abspath(output_path))
+    part = PartialFile(output_path, key=lambda item: item["line"])
+    done = {n: item["record"] for n, item in part.done.items()}
+    hide = (os.path.abspath(input_path), os.path.abspath(part.path), os.path.abspath(output_path))
     evaluator = BackendEvaluator(semantics, limits, hide)
     todo = [n for n in records if n not in done]
     lock = threading.Lock()
@@ -163,18 +163,17 @@ def evaluate_file(input_path: str, output_path: str, *, semantics: str = "refere
         res = evaluator.score(rec["answer"], rec["task"]["ground_truth"], rec["task"]["test_cases"])
         return n, {**rec, "reward": res.reward, "success": res.success, "tests": res.tests, "vetoed": res.vetoed}
 
-    with open(partial, "a") as out, cf.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+    with part, cf.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
         for fut in cf.as_completed([pool.submit(work, n) for n in todo]):
             n, rec = fut.result()
             with lock:
-                append_scored(out, n, rec)
+                part.append({"line": n, "record": rec})
                 done[n] = rec
                 successes += rec["success"]
                 bar.update(1)
                 bar.set_postfix(success=f"{successes / len(done):.3f}")
     bar.close()
     final = [done[n] for n in sorted(done)]
-    write_jsonl(output_path, final)
-    os.remove(partial)
+    part.finish(final)
     return summarize(final)
 

@@ -1,6 +1,6 @@
 """An asyncio client for OpenAI-compatible endpoints (vLLM, the project's own server, hosted APIs). Imports no JAX.
 
-    client = LLMClient(base_url="http://127.0.0.1:8000/v1", model="meta-llama/Llama-3.1-70B-Instruct")
+    client = LLMClient(base_url="http://127.0.0.1:8000/v1", model="the-served-model-name")
     reply = await client.chat([{"role": "user", "content": "hi"}], temperature=0, max_tokens=64)
     text = await client.complete(templated_prompt, temperature=1.0, max_tokens=1024)
 

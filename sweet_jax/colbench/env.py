@@ -1,4 +1,4 @@
-"""ColBench episodes: the turn-taking rules of the two tasks (spec section 2), with no I/O of their own. Imports no
+"""ColBench episodes: the turn-taking rules of the two tasks, with no I/O of their own. Imports no
 JAX.
 
 An episode holds the dialogue. The rollout driver (`colbench.rollout`) asks it for the agent's prompt, hands it the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sweet_jax.chat import render_text
+from sweet_jax.chat import ChatFormat, get_format
 from sweet_jax.colbench import prompts
 from sweet_jax.colbench.html import extract_html
 
@@ -49,8 +49,10 @@ class Episode:
     reply_limit: int = 0
     renders: bool = False  # whether step() renders pages (blocking work the rollout driver runs off its event loop)
 
-    def __init__(self, task: dict, max_steps: int = MAX_STEPS, date_header: bool = True):
+    def __init__(self, task: dict, max_steps: int = MAX_STEPS, date_header: bool = True,
+                 chat_format: ChatFormat | None = None):
         self.task = task
+        self.chat = chat_format or get_format()  # how the agent's prompt is written (`sweet_jax.chat`)
         self.max_steps = max_steps
         self.date_header = date_header
         self.history: list[dict] = [{"role": "user", "content": task["problem_description"]}]
@@ -64,9 +66,9 @@ class Episode:
             {"role": m["role"], "content": m["content"]} for m in self.history]
 
     def agent_prompt(self) -> str:
-        """The Llama-3.1 chat-templated prompt (with the generation prompt): what the agent is given, and what the
-        trajectory stores as the turn's `input`."""
-        return render_text(self.agent_messages(), add_generation_prompt=True, date_header=self.date_header)
+        """The chat-templated prompt (with the generation prompt): what the agent is given, and what the trajectory
+        stores as the turn's `input`."""
+        return self.chat.render_text(self.agent_messages(), add_generation_prompt=True, date_header=self.date_header)
 
     def step(self, raw: str, prompt: str | None = None) -> bool:
         """Record the agent's raw response; returns whether the episode ended."""
@@ -130,8 +132,8 @@ class FrontendEpisode(Episode):
     renders = True
 
     def __init__(self, task: dict, render: Callable[[str], str | None], image_url: Callable[[str], str],
-                 max_steps: int = MAX_STEPS, date_header: bool = True):
-        super().__init__(task, max_steps, date_header)
+                 max_steps: int = MAX_STEPS, date_header: bool = True, chat_format: ChatFormat | None = None):
+        super().__init__(task, max_steps, date_header, chat_format)
         self.render = render
         self.image_url = image_url
         self.target_image = render(task["ground_truth"])

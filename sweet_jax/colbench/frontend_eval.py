@@ -1,4 +1,4 @@
-"""The frontend evaluator (spec section 3.2). Imports no JAX.
+"""The frontend evaluator. Imports no JAX.
 
 For each record (a trajectory, or any JSON object with `task.ground_truth` HTML and an `answer`: the path of a PNG
 screenshot of the agent's last page, or "No answer"):
@@ -19,8 +19,10 @@ import hashlib
 import os
 
 from sweet_jax.colbench.similarity import Similarity, win_rate
-from sweet_jax.colbench.jsonl import append_scored, load_partial, parse_object, write_jsonl
-from sweet_jax.data.trajectories import DataError, task_key
+from sweet_jax.files.jsonl import parse_object
+from sweet_jax.files.partial import PartialFile
+from sweet_jax.data.trajectories import task_key
+from sweet_jax.files.errors import DataError
 
 
 def parse_record(line: str, where: str) -> dict:
@@ -81,14 +83,13 @@ def evaluate_file(input_path: str, output_path: str, *, similarity: Similarity, 
         if missing:
             raise DataError(f"{baseline_path}: record {missing[0]} has no numeric 'reward': give a file this "
                             f"evaluator has scored")
-    partial = output_path + ".partial"
-    os.makedirs(os.path.dirname(os.path.abspath(output_path)) or ".", exist_ok=True)
-    done = load_partial(partial)
+    part = PartialFile(output_path, key=lambda item: item["line"])
+    done = {n: item["record"] for n, item in part.done.items()}
     os.makedirs(render_dir, exist_ok=True)
     targets: dict[str, str | None] = {}
     bar = tqdm(total=len(records), initial=len(done), desc=f"frontend eval ({similarity.metric})",
                disable=not progress or None)
-    with open(partial, "a") as out:
+    with part:
         for n, rec in records.items():
             if n in done:
                 continue
@@ -104,12 +105,11 @@ def evaluate_file(input_path: str, output_path: str, *, similarity: Similarity, 
                 scored["answer_missing"] = True
             if target is None:
                 scored["target_render_failed"] = True
-            append_scored(out, n, scored)
+            part.append({"line": n, "record": scored})
             done[n] = scored
             bar.update(1)
             bar.set_postfix(similarity=f"{sum(r['reward'] for r in done.values()) / len(done):.4f}")
     bar.close()
     final = [done[n] for n in sorted(done)]
-    write_jsonl(output_path, final)
-    os.remove(partial)
+    part.finish(final)
     return summarize(final, baseline)

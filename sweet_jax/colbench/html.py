@@ -1,4 +1,4 @@
-"""Frontend answers: image-URL rewriting and HTML extraction (spec sections 1.2 and 2.3). Imports no JAX."""
+"""Frontend answers: image-URL rewriting and HTML extraction. Imports no JAX."""
 
 from __future__ import annotations
 

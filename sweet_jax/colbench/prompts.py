@@ -1,5 +1,5 @@
-"""The agent and simulator prompts of the two ColBench tasks, in this project's own words (spec sections 2.2, 2.4,
-2.5): the same content and constraints as the official prompt files. Imports no JAX."""
+"""The agent and simulator prompts of the two ColBench tasks, in this project's own words: the same
+content and constraints as the official prompt files. Imports no JAX."""
 
 from __future__ import annotations
 

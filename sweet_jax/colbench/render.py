@@ -1,4 +1,4 @@
-"""Offline HTML rendering for the frontend task: Debian's Chromium driven by Playwright (spec section 3.2). Imports
+"""Offline HTML rendering for the frontend task: Debian's Chromium driven by Playwright. Imports
 no JAX.
 
 The official evaluator renders with Selenium and headless Firefox, and it loads Tailwind and the picsum images from
@@ -16,19 +16,29 @@ thread, including from asyncio code through `run_in_executor`.
 
     with Renderer() as r:
         png_path = r.render(html, "page.png")    # None if the page could not be rendered
+
+A page that cannot be loaded or captured is logged and gives None (the official code's failure). A Chromium that
+died raises RendererUnavailable: every later page would fail too, and scoring them as blank would be silent.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
+import logging
 import os
 import re
 import shutil
 import struct
 import zlib
 
+from sweet_jax.files.atomic import atomic_file
+
+log = logging.getLogger("sweet_jax.colbench.render")
+
 TAILWIND_VERSION = "2.2.19"
-TAILWIND_SHA256 = "b6ad97402eddb903e7a5d7a73ee47a679204efbdda4521a391cbad9df509b932"  # dist/tailwind.min.css; launch/setup.sh checks it
+# sha256 of the npm package's dist/tailwind.min.css: the renderer checks its copy, and launch/setup.sh reads it from here
+TAILWIND_SHA256 = "b6ad97402eddb903e7a5d7a73ee47a679204efbdda4521a391cbad9df509b932"
 VIEWPORT = (1366, 768)
 PLACEHOLDER_RGB = (160, 160, 160)
 _PICSUM_SIZE = re.compile(r"picsum\.photos/(?:id/\d+/)?(\d+)/(\d+)")
@@ -77,6 +87,9 @@ class Renderer:
                                       f"`bash launch/setup.sh`, or set SWEET_JAX_TAILWIND_CSS")
         with open(css_path, "rb") as fh:
             self.css = fh.read()
+        if hashlib.sha256(self.css).hexdigest() != TAILWIND_SHA256:
+            raise RendererUnavailable(f"{css_path}: not Tailwind {TAILWIND_VERSION}'s dist/tailwind.min.css (sha256 "
+                                      f"differs); delete it and run `bash launch/setup.sh`")
         self.viewport = viewport
         self.timeout_ms = timeout_s * 1000
         self._images: dict[tuple[int, int], bytes] = {}
@@ -114,13 +127,15 @@ class Renderer:
             self._page.set_content(html, wait_until="load", timeout=self.timeout_ms)
             png = self._page.screenshot(full_page=True, animations="disabled", caret="hide",
                                         timeout=self.timeout_ms)
-        except Exception:  # a page that cannot be loaded or captured: no render, as the official code's failure
+        except Exception as e:  # noqa: BLE001 - playwright raises its own Error and TimeoutError
+            if not self._browser.is_connected():  # Chromium itself died: no page can be scored from here on
+                log.error("Chromium (%s) died while rendering %s: %s", self.chromium, out_path, e)
+                raise RendererUnavailable(f"Chromium ({self.chromium}) died while rendering {out_path}: {e}") from e
+            # a page that cannot be loaded or captured: no render, as the official code's failure
+            log.warning("page not rendered (%s): %s", out_path, str(e).splitlines()[0] if str(e) else type(e).__name__)
             return None
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)) or ".", exist_ok=True)
-        tmp = f"{out_path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
+        with atomic_file(out_path, "wb") as fh:
             fh.write(png)
-        os.replace(tmp, out_path)
         return out_path
 
     def _stop(self) -> None:

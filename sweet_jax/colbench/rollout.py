@@ -1,4 +1,4 @@
-"""Driving one episode: the agent and the simulator behind OpenAI-compatible endpoints (spec section 2). Imports no
+"""Driving one episode: the agent and the simulator behind OpenAI-compatible endpoints. Imports no
 JAX."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ API_MODES = ("completions", "chat")
 
 @dataclasses.dataclass(frozen=True)
 class AgentSampling:
-    """How the agent is sampled. "completions" sends the Llama-3.1-templated prompt as text, exactly what the
+    """How the agent is sampled. "completions" sends the chat-templated prompt as text, exactly what the
     trajectory's `input` records (the official pipeline's way); "chat" sends the messages and lets the server apply
     its own chat template (for endpoints without a completions API)."""
 

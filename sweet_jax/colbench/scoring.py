@@ -1,4 +1,4 @@
-"""Backend scoring semantics of the official ColBench evaluator (spec section 3.1). Imports no JAX.
+"""Backend scoring semantics of the official ColBench evaluator. Imports no JAX.
 
 - keyword veto on the answer (the whole task scores 0);
 - code extraction from ```python fences;

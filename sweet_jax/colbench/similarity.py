@@ -1,4 +1,4 @@
-"""Frontend scoring: screenshot similarity and win rate (spec section 3.2). Imports no JAX; the CLIP image tower
+"""Frontend scoring: screenshot similarity and win rate. Imports no JAX; the CLIP image tower
 it can use lives in `sweet_jax.models.clip` and is passed in as a function.
 
 - `clip_pixels(image)`: CLIP's preprocessing, done as `CLIPProcessor` does it by default. Resize the shortest side to

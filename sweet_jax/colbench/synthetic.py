@@ -12,7 +12,7 @@ semantics (`colbench.scoring`) on ten test calls.
 So a critic that sees the training-time information (the reference code) can tell a right final answer from a wrong
 one, and a critic without it cannot do better than chance: the learning-signal check of the SWEET critic.
 
-Records follow the official trajectory layout (spec section 1.3), stored block-wise (line j * N + i is rollout j of
+Records follow the official trajectory layout, stored block-wise (line j * N + i is rollout j of
 task i), and carry `"synthetic": true` in the task.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import random
 
-from sweet_jax.chat import render_text
-from sweet_jax.colbench.jsonl import write_jsonl
+from sweet_jax.chat import get_format
+from sweet_jax.files.jsonl import write_jsonl
 from sweet_jax.colbench.scoring import score_answer
 
 SYSTEM_PROMPT = (
@@ -35,7 +35,7 @@ OPS = {"*": ("scales a number", "multiply it"), "+": ("shifts a number", "add to
        "-": ("lowers a number", "subtract from it")}
 NAMES = ("adjust", "convert", "rescale", "update", "transform", "compute_value", "apply_rule", "get_amount",
          "calc_total", "fix_reading", "normalize_score", "final_price")
-# Two-digit constants are single Llama-3 tokens and never occur in the chat template's date line (2023, 26, 2024).
+# Two-digit constants are single tokens of the default chat format's tokenizer and never occur in the chat template's date line (2023, 26, 2024).
 CONSTANTS = (11, 13, 17, 19, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
 TEST_INPUTS = (0, 1, 2, 3, 4, 5, 7, 10, 12, 100)
 QUESTIONS = ("What should the function do to the number?", "Should it add, subtract or multiply?",
@@ -74,7 +74,7 @@ def rollout(task: dict, rng: random.Random, p_correct: float, compact: bool = Fa
 
     def agent(text: str):
         system = SHORT_SYSTEM_PROMPT if compact else SYSTEM_PROMPT
-        prompt = render_text([{"role": "system", "content": system}] +
+        prompt = get_format().render_text([{"role": "system", "content": system}] +
                              [{"role": m["role"], "content": m["content"]} for m in history],
                              add_generation_prompt=True, date_header=not compact)
         history.append({"role": "assistant", "content": text, "input": prompt, "output": text})
@@ -106,7 +106,7 @@ def write_dataset(path: str | os.PathLike, num_tasks: int, rollouts: int = 3, p_
 
 
 def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> list[dict]:
-    """SYNTHETIC states in the ranked layout (spec section 1.4): the final-answer state of a scripted rollout, with
+    """SYNTHETIC states in the ranked layout: the final-answer state of a scripted rollout, with
     `candidates` alternative answers and a judge score per answer (right constant ~ 1, wrong ~ 0, plus noise)."""
     rng = random.Random(seed)
     records = []
@@ -128,7 +128,7 @@ def make_ranked_records(num_tasks: int, candidates: int = 16, seed: int = 0) -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The "ask" domain: the science check's setting (issue 7). Only the simulated human knows the constant, and tells it
+# The "ask" domain: the science check's setting . Only the simulated human knows the constant, and tells it
 # only when asked the right question, so one early turn (the question) decides the outcome: a credit-assignment task.
 #
 #   agent: "Which number should it use?"   ->  human: "It should use 37."   ->  agent answers with 37: success
@@ -198,7 +198,7 @@ def simulator_example(task: dict, question: str) -> dict:
     messages = ep.simulator_messages()
     return {"task": task, "answer": "", "reward": 1.0, "dialogue_history": [
         {"role": "user", "content": messages[-1]["content"]},
-        {"role": "assistant", "content": reply, "input": render_text(messages, add_generation_prompt=True),
+        {"role": "assistant", "content": reply, "input": get_format().render_text(messages, add_generation_prompt=True),
          "output": reply}]}
 
 
@@ -244,7 +244,7 @@ def told_example(task: dict) -> dict:
 def write_ask_data(directory: str | os.PathLike, *, num_tasks: int, num_test_tasks: int, num_constants: int = 4,
                    p_good: float = 1 / 3, p_vague: float = 1 / 3, seed: int = 0) -> dict[str, str]:
     """The ask domain's files (each written atomically), from one seed:
-    - pretrain.jsonl: the supervised data that makes a random tiny Llama both a collaborating agent and the simulated
+    - pretrain.jsonl: the supervised data that makes a random tiny model both a collaborating agent and the simulated
       human, one record per trained turn (for `score_span = "response"`). Per train task: the turns of one scripted
       dialogue (so the opening move is the good question, the vague one or an answer, p_good / p_vague / the rest),
       one more answer after being told the constant (copying it is the skill the agent is slowest to learn), the

@@ -1,12 +1,13 @@
 """Token examples for training: one templated conversation, its masks, and (for the critic) the information prefix.
 
-The text of an example is what the official pipeline trains on: `[info prefix] + input + output + <|eot_id|>`, where
-`input` is the chat-templated prompt of the final assistant turn (the whole history) and `output` that turn's raw
-response. It is tokenised in one call; roles, turns and masks then come from the token ids (`Llama31ChatFormat.segment`).
+The text of an example is what the official pipeline trains on: `[info prefix] + input + output + <end of turn>`,
+where `input` is the chat-templated prompt of the final assistant turn (the whole history) and `output` that turn's
+raw response. It is tokenised in one call; roles, turns and masks then come from the token ids (the chat format's
+`segment`).
 
 Masks:
 - `score_mask`: the tokens whose log-probs form the sequence score. "assistant" = every assistant turn's content and
-  <|eot_id|> (mask_style "content") or, as the official code does, also the "\\n\\n" after each header
+  end-of-turn token (mask_style "content") or, as the official code does, also the "\\n\\n" after each header
   (mask_style "official"); "all" = every token after the first (the official policy DPO).
 - `response_mask`: the final assistant turn only (the action being judged).
 - `turn_ids`: assistant-turn index of each token (-1 elsewhere), for the per-turn reduction.
@@ -18,8 +19,9 @@ import dataclasses
 
 import numpy as np
 
-from sweet_jax.chat import ASSISTANT, EOT, ROLE_IDS, Llama31ChatFormat
-from sweet_jax.data.trajectories import DataError, Trajectory
+from sweet_jax.chat import ASSISTANT, ROLE_IDS, get_format
+from sweet_jax.data.trajectories import Trajectory
+from sweet_jax.files.errors import DataError
 
 INFO_TEMPLATE = "In light that the final answer is: {info}."
 MASK_STYLES = ("content", "official")
@@ -41,16 +43,18 @@ class Example:
 
 
 class ExampleBuilder:
-    """Turns trajectories (or prompt + response strings) into `Example`s for one tokenizer and setting."""
+    """Turns trajectories (or prompt + response strings) into `Example`s for one tokenizer, chat format (by name;
+    default the default format) and setting."""
 
     def __init__(self, tokenizer, max_len: int, *, with_info: bool = False, info_key: str = "ground_truth",
-                 mask_style: str = "content", score_span: str = "assistant"):
+                 mask_style: str = "content", score_span: str = "assistant", chat_format: str | None = None):
         if mask_style not in MASK_STYLES:
             raise ValueError(f"mask_style must be one of {MASK_STYLES}, got {mask_style!r}")
         if score_span not in SCORE_SPANS:
             raise ValueError(f"score_span must be one of {SCORE_SPANS}, got {score_span!r}")
         self.tokenizer = tokenizer
-        self.fmt = Llama31ChatFormat(tokenizer)
+        self.chat = get_format(chat_format)
+        self.fmt = self.chat.tokenized(tokenizer)
         self.max_len = max_len
         self.with_info = with_info
         self.info_key = info_key
@@ -79,12 +83,12 @@ class ExampleBuilder:
 
     def from_text(self, prompt: str, response: str, source: str, info_prefix: str = "") -> Example:
         """prompt: a templated prompt ending in the assistant generation header; response: the raw reply."""
-        text = info_prefix + prompt + response.rstrip() + EOT
+        text = info_prefix + prompt + response.rstrip() + self.chat.eot
         ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
         try:
             seg = self.fmt.segment(ids)
         except ValueError as e:
-            raise DataError(f"{source}: field 'input': not in the Llama-3 chat format ({e})") from None
+            raise DataError(f"{source}: field 'input': not in the {self.chat.name} chat format ({e})") from None
         if seg.roles[-1] != ASSISTANT:
             raise DataError(f"{source}: field 'input': the prompt must end with the assistant generation header")
         ids, seg, truncated = self._truncate(ids, seg, source)

@@ -36,8 +36,8 @@ from typing import Sequence
 
 import numpy as np
 
-from sweet_jax.data.batching import (NLL_SPANS, batch_lengths, bucket_length, default_buckets, empty_gathers,
-                                     fill_gathers, gather_positions, round_up)
+from sweet_jax.data.batching import NLL_SPANS, batch_lengths, empty_gathers, fill_gathers, gather_positions
+from sweet_jax.data.buckets import bucket_length, default_buckets, round_up
 from sweet_jax.data.examples import Example
 
 PAD_SIDES = ("right", "left")

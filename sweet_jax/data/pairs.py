@@ -1,10 +1,10 @@
 """Which trajectories (or candidates) form training pairs. Tokenisation happens later, in `examples`.
 
-- `preference_pairs`: spec section 4, step 1. Per task with k rollouts whose best reward reaches `min_best_reward`:
+- `preference_pairs`: SWEET-RL step 1. Per task with k rollouts whose best reward reaches `min_best_reward`:
   chosen = the best rollout (first on ties), rejected = every rollout with a lower reward. The critic uses these pairs
   with the information prefix; multi-turn DPO uses the same pairs without it.
 - `rft_set`: successful trajectories for rejection fine-tuning.
-- `ranked_candidate_pairs`: spec section 4, step 5. For each state of a ranked file, draw `num_pairs` times (with
+- `ranked_candidate_pairs`: SWEET-RL step 5. For each state of a ranked file, draw `num_pairs` times (with
   replacement) one candidate from the lower-scoring half and one from the upper half; the higher judge score is
   chosen, a tie goes to the upper-half draw.
 """
@@ -18,7 +18,8 @@ import random
 from collections import OrderedDict
 from typing import Iterable, Sequence
 
-from sweet_jax.data.trajectories import DataError, Trajectory
+from sweet_jax.data.trajectories import Trajectory
+from sweet_jax.files.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ def rft_set(trajectories: Iterable[Trajectory], min_reward: float = 1.0) -> list
 
 def ranked_candidate_pairs(records: Sequence[dict], num_pairs: int = 4, seed: int = 42,
                            sources: Sequence[str] | None = None) -> list[TextPair]:
-    """records: the ranked layout (`input`, `additional_outputs`, `judge_result`; spec section 1.4)."""
+    """records: the ranked layout (`input`, `additional_outputs`, `judge_result`)."""
     rng = random.Random(seed)
     pairs = []
     for i, rec in enumerate(records):
@@ -85,7 +86,7 @@ def ranked_candidate_pairs(records: Sequence[dict], num_pairs: int = 4, seed: in
 
 
 def read_ranked_file(path: str | os.PathLike) -> tuple[list[dict], list[str]]:
-    """A ranked JSONL file (spec section 1.4): records and their file:line sources."""
+    """A ranked JSONL file: records and their file:line sources."""
     path = os.fspath(path)
     records, sources = [], []
     with open(path) as fh:

@@ -1,4 +1,4 @@
-"""Read and validate ColBench trajectory records (the official JSONL layout, spec section 1.3).
+"""Read and validate ColBench trajectory records (the official JSONL layout).
 
     {"task": {...}, "dialogue_history": [{"role": "user", "content": ...},
                                          {"role": "assistant", "content": ..., "input": ..., "output": ...}, ...],
@@ -20,11 +20,9 @@ import math
 import os
 from typing import Any, Iterator
 
+from sweet_jax.files.errors import DataError
+
 ROLES = ("user", "assistant")
-
-
-class DataError(ValueError):
-    """A bad input record. The message starts with `file:line:` and names the field."""
 
 
 @dataclasses.dataclass(frozen=True)

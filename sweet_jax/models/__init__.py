@@ -1,28 +1,42 @@
-"""Llama-3.x as pure functions over parameter pytrees.
+"""Model families as pure functions over parameter pytrees (Llama-3.x for now), with HF and Orbax checkpoints.
 
     from sweet_jax import models
-    cfg = models.LlamaConfig.from_pretrained(hf_dir)
+    cfg = models.config_from_pretrained(hf_dir)          # the family comes from config.json's model_type
     params = models.load_hf_params(hf_dir, cfg)          # f32 unless a dtype is given
     logits = models.forward(params, cfg, tokens)          # tokens int32 [B, T] -> [B, T, vocab]
     models.save_hf_params(params, cfg, out_dir)
+    loaded = models.load_model(path)                      # an HF directory or a training run; .tokenizer()
+
+Outside this package, code uses these names only: `ModelConfig` is the config type of every family, and the family
+registry (`models.families`) says which config parser, parameter spec, weight layout and chat format a model has.
 """
 
 from sweet_jax.models.attention import attention, attention_mask
 from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, RopeScaling
+from sweet_jax.models.families import FAMILIES, ModelFamily, config_from_pretrained, family, family_of, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params
 from sweet_jax.models.llama import (
+    Params,
     abstract_params,
     forward,
+    forward_cached,
     forward_hidden,
+    init_cache,
     init_params,
     lm_head_weight,
     param_logical_axes,
     param_shapes,
     token_values,
+    unstack_layers,
 )
+from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
+
+ModelConfig = LlamaConfig  # the config type of the families implemented so far
 
 __all__ = [
-    "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "RopeScaling", "abstract_params", "attention",
-    "attention_mask", "forward", "forward_hidden", "init_params", "lm_head_weight", "load_hf_params",
-    "param_logical_axes", "param_shapes", "save_hf_params", "token_values",
+    "FAMILIES", "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "LoadedModel", "ModelConfig",
+    "ModelFamily", "ModelLoadError", "Params", "RopeScaling", "abstract_params", "attention", "attention_mask",
+    "config_from_pretrained", "family", "family_of", "forward", "forward_cached", "forward_hidden", "init_cache",
+    "init_params", "lm_head_weight", "load_hf_params", "load_model", "model_config", "param_logical_axes",
+    "param_shapes", "preset", "save_hf_params", "token_values", "unstack_layers",
 ]

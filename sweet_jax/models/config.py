@@ -10,11 +10,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "qkv_proj")
 ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def read_hf_config(path: str | os.PathLike) -> tuple[dict, str]:
+    """(the JSON object, its file) of an HF `config.json`: the file, or the directory holding one."""
+    path = os.fspath(path)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file) as fh:
+            hf = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no config.json found") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{file}:{e.lineno}: invalid JSON: {e.msg}") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    return hf, file
 
 
 class ConfigError(ValueError):
@@ -33,6 +49,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
+    model_type: ClassVar[str] = "llama"  # HF config.json's model_type; its family in `models.families`
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -119,15 +137,7 @@ class LlamaConfig:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> "LlamaConfig":
         """Read an HF `config.json` (a file, or the directory holding one). Unsupported settings raise ConfigError."""
-        path = os.fspath(path)
-        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        try:
-            with open(file) as fh:
-                hf = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{file}: no config.json found") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{file}:{e.lineno}: invalid JSON: {e.msg}") from None
+        hf, file = read_hf_config(path)
         return cls.from_hf_dict(hf, source=file, **overrides)
 
     @classmethod

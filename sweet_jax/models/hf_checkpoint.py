@@ -21,9 +21,11 @@ import ml_dtypes
 import numpy as np
 from tqdm.auto import tqdm
 
-from sweet_jax.distributed import to_host
+from sweet_jax.files.atomic import atomic_file, write_text
+from sweet_jax.parallel.distributed import to_host
 from sweet_jax.models.config import LlamaConfig
-from sweet_jax.models.llama import Params, param_shapes
+from sweet_jax.models.families import config_from_pretrained, family_of
+from sweet_jax.models.llama import Params
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +123,7 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray | "LazyTensor"],
         offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
+    with atomic_file(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)))
         fh.write(raw)
         for name, spec in zip(tensors, specs):
@@ -131,9 +132,6 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray | "LazyTensor"],
                 raise CheckpointError(f"{path}: tensor '{name}': produced {arr.shape} {arr.dtype}, "
                                       f"declared {spec.shape} {spec.dtype}")
             fh.write(arr.tobytes())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,41 +145,7 @@ class LazyTensor:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def _atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------------- name mapping
-# Each rule: our leaf path -> (HF name template, transform to ours, transform back to HF).
-# Transforms are numpy views where possible so that slicing an mmap reads only the needed bytes.
-
-def _hf_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callable]]:
-    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    p = "model.layers.{i}."
-    rules = {
-        "embed": ("model.embed_tokens.weight", lambda w: w, lambda w: w),
-        "final_norm": ("model.norm.weight", lambda w: w, lambda w: w),
-        "layers/attn_norm": (p + "input_layernorm.weight", lambda w: w, lambda w: w),
-        "layers/mlp_norm": (p + "post_attention_layernorm.weight", lambda w: w, lambda w: w),
-        # HF Linear weights are [out, in].
-        "layers/wq": (p + "self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h), lambda w: w.reshape(d, n * h).T),
-        "layers/wk": (p + "self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
-        "layers/wv": (p + "self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
-        "layers/wo": (p + "self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d), lambda w: w.reshape(n * h, d).T),
-        "layers/w_gate": (p + "mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
-        "layers/w_up": (p + "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
-        "layers/w_down": (p + "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
-    }
-    if cfg.score_head:  # LlamaForSequenceClassification: `score` Linear(hidden, 1, bias=False)
-        rules["score"] = ("score.weight", lambda w: w[0], lambda w: w[None])
-    elif not cfg.tie_word_embeddings:
-        rules["lm_head"] = ("lm_head.weight", lambda w: w.T, lambda w: w.T)
-    return rules
-
-
 def _hf_shape(our_shape: tuple[int, ...], to_hf: Callable) -> tuple[int, ...]:
     return to_hf(np.empty(our_shape, dtype=np.int8)).shape
 
@@ -256,13 +220,13 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
     """
     hf_dir = os.fspath(hf_dir)
     if cfg is None:
-        cfg = LlamaConfig.from_pretrained(hf_dir)
+        cfg = config_from_pretrained(hf_dir)
     dtype = np.dtype(jnp.dtype(dtype or jnp.float32))
     index = _TensorIndex(hf_dir)
-    shapes = _flat(param_shapes(cfg))
+    shapes = _flat(family_of(cfg).param_shapes(cfg))
     shard_flat = _flat(shardings) if shardings is not None else {}
     out = {}
-    layout = _hf_layout(cfg)
+    layout = family_of(cfg).hf_weight_layout(cfg)
     for leaf, (template, to_ours, to_hf) in tqdm(layout.items(), total=len(layout), desc=f"load {hf_dir}",
                                                  unit="param", disable=None):
         shape = shapes[leaf]
@@ -313,7 +277,7 @@ def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor
     """HF name -> LazyTensor, in HF's usual order. Nothing is copied off the devices until a tensor is written."""
     flat = _flat(params)
     out: dict[str, LazyTensor] = {}
-    for leaf, (template, _, to_hf) in _hf_layout(cfg).items():
+    for leaf, (template, _, to_hf) in family_of(cfg).hf_weight_layout(cfg).items():
         if leaf not in flat:
             raise CheckpointError(f"params have no '{leaf}' (expected by the config)")
         arr = flat[leaf]
@@ -365,8 +329,8 @@ def save_hf_params(params: Params, cfg: LlamaConfig, out_dir: str | os.PathLike,
     bar.close()
     if n > 1:
         total = sum(t.nbytes for t in tensors.values())
-        _atomic_write_text(os.path.join(out_dir, INDEX_FILE),
+        write_text(os.path.join(out_dir, INDEX_FILE),
                            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     hf = cfg.to_hf_dict()
     hf["torch_dtype"] = str(jnp.dtype(next(iter(tensors.values())).dtype))
-    _atomic_write_text(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=2))
+    write_text(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=2))

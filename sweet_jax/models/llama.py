@@ -22,6 +22,7 @@ Heads keep HF's half-split RoPE layout, so HF q/k weights load without permutati
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 from sweet_jax.models.attention import attention, cached_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
-from sweet_jax.sharding import constrain
+from sweet_jax.parallel.sharding import constrain
 
 Params = dict
 
@@ -305,3 +306,31 @@ def forward(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_id
     hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
     w = lm_head_weight(params, cfg).astype(hidden.dtype)
     return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------- HF layout
+def hf_weight_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callable]]:
+    """Where each of our weights lives in an HF checkpoint: our leaf path -> (HF name template, transform to ours,
+    transform back to HF). Transforms are numpy views where possible, so that slicing an mmap reads only the needed
+    bytes."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p = "model.layers.{i}."
+    rules = {
+        "embed": ("model.embed_tokens.weight", lambda w: w, lambda w: w),
+        "final_norm": ("model.norm.weight", lambda w: w, lambda w: w),
+        "layers/attn_norm": (p + "input_layernorm.weight", lambda w: w, lambda w: w),
+        "layers/mlp_norm": (p + "post_attention_layernorm.weight", lambda w: w, lambda w: w),
+        # HF Linear weights are [out, in].
+        "layers/wq": (p + "self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h), lambda w: w.reshape(d, n * h).T),
+        "layers/wk": (p + "self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        "layers/wv": (p + "self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        "layers/wo": (p + "self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d), lambda w: w.reshape(n * h, d).T),
+        "layers/w_gate": (p + "mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
+        "layers/w_up": (p + "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
+        "layers/w_down": (p + "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
+    }
+    if cfg.score_head:  # LlamaForSequenceClassification: `score` Linear(hidden, 1, bias=False)
+        rules["score"] = ("score.weight", lambda w: w[0], lambda w: w[None])
+    elif not cfg.tie_word_embeddings:
+        rules["lm_head"] = ("lm_head.weight", lambda w: w.T, lambda w: w.T)
+    return rules

@@ -9,9 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sweet_jax.models.config import LlamaConfig
-from sweet_jax.models.llama import Params, forward_hidden, lm_head_weight
-from sweet_jax.sharding import constrain
+from sweet_jax.models import ModelConfig, Params, forward_hidden, lm_head_weight
+from sweet_jax.parallel.sharding import constrain
 
 DEFAULT_CHUNK = 512
 
@@ -44,7 +43,7 @@ def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp
     return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
 
 
-def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, targets_mask: jnp.ndarray | None = None, *,
+def token_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, targets_mask: jnp.ndarray | None = None, *,
                    positions=None, segment_ids=None, chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
     """float32 [B, T] aligned with `tokens`: entry t is log p(tokens[t] | tokens[:t]); entry 0 is 0.
 
@@ -58,7 +57,7 @@ def token_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, target
     return lp
 
 
-def gathered_logprobs(params: Params, cfg: LlamaConfig, tokens: jnp.ndarray, gather_pos: jnp.ndarray, *,
+def gathered_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, gather_pos: jnp.ndarray, *,
                       gather_src: jnp.ndarray | None = None, positions=None, segment_ids=None, branch_ids=None,
                       chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
     """log p(tokens[b, p] | context) for p = gather_pos[b, ...] (all >= 1) -> float32 with gather_pos's shape.

@@ -36,8 +36,8 @@ def reduce_logprobs(logp: jnp.ndarray, mask: jnp.ndarray, kind: str, turn_ids: j
 
 
 def last_value(x: jnp.ndarray, segment_ids: jnp.ndarray) -> jnp.ndarray:
-    """x [B, T] at each row's last real token (segment_ids > 0; rows right-padded) -> [B]: the pooling of HF
-    `LlamaForSequenceClassification`."""
+    """x [B, T] at each row's last real token (segment_ids > 0; rows right-padded) -> [B]: the pooling of HF's
+    `*ForSequenceClassification` models."""
     last = jnp.maximum((segment_ids > 0).sum(-1) - 1, 0)
     return jnp.take_along_axis(x, last[:, None], axis=1)[:, 0]
 

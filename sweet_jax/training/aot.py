@@ -13,7 +13,7 @@ batch), outputs, the part of the outputs that reuses donated arguments, and temp
 backward pass, the working set). When the plan runs on CPU devices those are XLA:CPU's figures for the same program;
 GPU and TPU compilers fuse more aggressively, so their temporaries are usually smaller, and the plan errs high.
 
-FLOPs are model FLOPs (`LlamaConfig.train_flops_per_token`), the numerator of MFU; XLA's own count is not used
+FLOPs are model FLOPs (`ModelConfig.train_flops_per_token`), the numerator of MFU; XLA's own count is not used
 because it counts the body of the layer scan once.
 """
 
@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax import models, sharding
-from sweet_jax.data.batching import bucket_length
+from sweet_jax import models
+from sweet_jax.parallel import sharding
+from sweet_jax.data.buckets import bucket_length
 from sweet_jax.data.packing import pair_buckets
-from sweet_jax.training import objective as obj
+from sweet_jax.training import steps as obj
 from sweet_jax.training.optim import make_optimizer
 from sweet_jax.training.partitioning import Layout
 
@@ -129,7 +130,7 @@ def check_turn_len(cfg, seq_len: int, turn_len: int) -> None:
         raise ValueError(f"turn_len={turn_len} must be between 1 and the sequence length - 1 ({seq_len - 1})")
 
 
-def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str,
+def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int, rules: str,
                  turn_len: int = 0):
     """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`, with `rules` overrides (and
     prefix-shared pair rows with `turn_len`)."""
@@ -144,7 +145,7 @@ def compile_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: 
     return step.lower(layout.abstract_state(), batch).compile(), layout
 
 
-def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int, rules: str,
+def plan_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int, rules: str,
               turn_len: int = 0) -> Plan:
     t0 = time.time()
     compiled, layout = compile_step(cfg, model_cfg, mesh, seq_len, micro, rules, turn_len)
@@ -165,7 +166,7 @@ def plan_step(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, micro: int
         model_flops=model_cfg.train_flops_per_token(seq_len) * rows * (seq_len + turn_len), devices=mesh.size)
 
 
-def plan_job(cfg, model_cfg: models.LlamaConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True,
+def plan_job(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, hbm_gib: float, search: bool = True,
              turn_len: int = 0) -> dict:
     """The job's plan and, when it is over budget (and `search`), the plans of the settings that save memory, up to
     the first one that fits: each stronger remat policy, then (with a tensor axis) sequence parallelism on top of full

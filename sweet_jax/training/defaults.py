@@ -1,6 +1,6 @@
 """Defaults shared by every job config in configs/. A config file starts from `base_config()` and overrides fields.
 
-Optimiser and schedule defaults are the official recipe's (spec section 4): AdamW (0.9, 0.95), weight decay 0,
+Optimiser and schedule defaults are the official recipe's: AdamW (0.9, 0.95), weight decay 0,
 clip 1.0, 3% warmup, cosine to 10% of lr, seed 42, the first 3% held out.
 """
 
@@ -12,10 +12,10 @@ import ml_collections
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.objective = "critic"  # critic | dpo | sft
-    c.tokenizer_path = ""  # default: the model directory, else the bundled Llama-3 tokenizer
+    c.tokenizer_path = ""  # default: the model directory, else the bundled tokenizer of its chat format
 
     c.model = ml_collections.ConfigDict()
-    c.model.hf_path = ""  # an HF Llama checkpoint directory; empty: random init from `preset`
+    c.model.hf_path = ""  # an HF checkpoint directory; empty: random init from `preset`
     c.model.preset = "tiny"
     c.model.preset_overrides = ml_collections.ConfigDict()
     c.model.init_seed = 0
@@ -70,10 +70,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.micro_batch_size = 1
     c.optim.freeze = ""  # comma-separated top-level parameters that stay fixed (no gradient, no Adam state): "embed"
 
-    # The device mesh (sweet_jax.sharding): one size may be -1, inferred from the device count. Batches split over
+    # The device mesh (sweet_jax.parallel.sharding): one size may be -1, inferred from the device count. Batches split over
     # data x fsdp, so a micro-batch must have a multiple of that many sequences (a pair is two).
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    # Overrides of the logical-axis rules table (sweet_jax.sharding.DEFAULT_RULES), "name=axis,...". With a tensor
+    # Overrides of the logical-axis rules table (sweet_jax.parallel.sharding.DEFAULT_RULES), "name=axis,...". With a tensor
     # axis, "act_seq=tensor" also splits the residual stream's sequence over it (Megatron sequence parallelism),
     # dividing the activations kept for the backward pass by the tensor size.
     c.mesh.rules = ""
@@ -95,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def recipe_8b(objective: str) -> ml_collections.ConfigDict:
-    """What every Llama-3.1-8B-Instruct recipe of the paper shares (Table 5, spec section 4.1): lr 2e-7, batch 8 of
+    """What every Llama-3.1-8B-Instruct recipe of the paper shares (Table 5): lr 2e-7, batch 8 of
     micro-batch 1, bf16 compute over f32 master weights, the official multi-turn mask."""
     c = base_config()
     c.objective = objective
@@ -114,9 +114,9 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
 
 
 def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
-    """What the toy-scale jobs share (configs/critic_tiny.py, rft_tiny.py, mtdpo_tiny.py): a random-init tiny Llama
-    (64 wide, 2 layers, tied embeddings, init std 0.1) with the Llama-3 vocabulary, SYNTHETIC compact data over 4
-    constants, batch 8, one epoch, f32, a learning rate for a 64-wide model. A few minutes on a laptop CPU."""
+    """What the toy-scale jobs share (configs/critic_tiny.py, rft_tiny.py, mtdpo_tiny.py): a random-init tiny model
+    (64 wide, 2 layers, tied embeddings, init std 0.1) with the bundled tokenizer's vocabulary, SYNTHETIC compact data
+    over 4 constants, batch 8, one epoch, f32, a learning rate for a 64-wide model. A few minutes on a laptop CPU."""
     c = base_config()
     c.objective = objective
     c.model.preset = "tiny"

@@ -1,6 +1,6 @@
 """How the training state and the batches lie on a device mesh, and the train / eval / score steps jitted for it.
 
-The layout comes from the logical axis names alone (`models.llama.param_logical_axes` through `sharding`'s rules
+The layout comes from the logical axis names alone (`models.param_logical_axes` through `sharding`'s rules
 table): params by their names, the Adam moments (and gradient-accumulation buffers) like the params they belong to,
 scalars replicated, and every batch array split over its leading "batch" dimension. The step functions are the
 single-device ones of `training.objective`, traced with the mesh active (so the model's activation constraints apply)
@@ -24,14 +24,13 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sweet_jax import sharding
-from sweet_jax.models import llama
-from sweet_jax.models.config import LlamaConfig
-from sweet_jax.training import objective as obj
+from sweet_jax.parallel import sharding
+from sweet_jax import models
+from sweet_jax.training import steps as obj
 
 
-def param_shardings(model_cfg: LlamaConfig, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES):
-    return sharding.named_shardings(llama.param_logical_axes(model_cfg), llama.param_shapes(model_cfg), mesh, rules)
+def param_shardings(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES):
+    return sharding.named_shardings(models.param_logical_axes(model_cfg), models.param_shapes(model_cfg), mesh, rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Layout:
     """The shardings of one job's state and batches on `mesh`."""
 
     mesh: Mesh
-    model_cfg: LlamaConfig
+    model_cfg: models.ModelConfig
     tx: optax.GradientTransformation
     freeze: tuple[str, ...] = ()
     rules: sharding.Rules = sharding.DEFAULT_RULES
@@ -57,7 +56,7 @@ class Layout:
         """Shardings for {params, opt_state, step}; the optimiser state covers the trainable params only."""
         params = self.params
         trainable = obj.split_params(params, self.freeze)[0]
-        abstract = jax.eval_shape(self.tx.init, obj.split_params(llama.abstract_params(self.model_cfg),
+        abstract = jax.eval_shape(self.tx.init, obj.split_params(models.abstract_params(self.model_cfg),
                                                                  self.freeze)[0])
         opt = optax.tree_map_params(self.tx, lambda _, s: s, abstract, trainable,
                                     transform_non_params=lambda _: self.replicated)
@@ -65,7 +64,7 @@ class Layout:
 
     def abstract_state(self) -> dict:
         """ShapeDtypeStructs with shardings: for AOT lowering and Orbax restores, no allocation."""
-        params = llama.abstract_params(self.model_cfg)
+        params = models.abstract_params(self.model_cfg)
         opt = jax.eval_shape(self.tx.init, obj.split_params(params, self.freeze)[0])
         shapes = {"params": params, "opt_state": opt, "step": jax.ShapeDtypeStruct((), jnp.int32)}
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, self.state)

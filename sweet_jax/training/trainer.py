@@ -1,6 +1,6 @@
 """The offline training loop shared by the critic, DPO and RFT jobs.
 
-- Data: `pipeline.build` (validated, paired, tokenised; held-out split); batches are length-bucketed.
+- Data: `splits.build` (validated, paired, tokenised; held-out split); batches are length-bucketed.
 - Devices: the `mesh` settings build a (data, fsdp, tensor) mesh over this process's devices; `partitioning.Layout`
   places the state by the logical-axis rules and splits every batch over data x fsdp (one device: a mesh of one).
 - Frozen reference: its scores are computed once per dataset with the initial params and cached on disk
@@ -26,12 +26,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sweet_jax import distributed, models, sharding
-from sweet_jax.chat import bundled_llama3_tokenizer_dir, load_tokenizer
+from sweet_jax import models
+from sweet_jax.parallel import distributed, sharding
+from sweet_jax import chat
 from sweet_jax.data import packing
-from sweet_jax.data.batching import batch_lengths, collate, default_buckets
-from sweet_jax.training import objective as obj
-from sweet_jax.training import partitioning, pipeline
+from sweet_jax.data.batching import batch_lengths, collate
+from sweet_jax.data.buckets import default_buckets
+from sweet_jax.files.atomic import atomic_file, write_json, write_text
+from sweet_jax.training import steps as obj
+from sweet_jax.training import partitioning, splits
 from sweet_jax.training.optim import make_optimizer
 
 log = logging.getLogger("sweet_jax.train")
@@ -42,32 +45,16 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ setup
-LLAMA31_PAD_ID = 128004  # <|finetune_right_pad_id|>
+def model_config(model_cfg, objective: str = ""):
+    """The job's model config (`models.model_config`); the "reward" and "value" objectives put a scalar score head
+    in place of the LM head. A missing or bad checkpoint is a SetupError."""
+    try:
+        return models.model_config(model_cfg, score_head=objective in obj.SCORE_HEAD)
+    except models.ConfigError as e:
+        raise SetupError(str(e)) from None
 
 
-def model_config(model_cfg, objective: str = "") -> models.LlamaConfig:
-    """The job's LlamaConfig: the checkpoint's config.json (`model.hf_path`) or a preset, with the execution settings.
-    The "reward" and "value" objectives put a scalar score head in place of the LM head."""
-    overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
-                     remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                     score_head=objective in obj.SCORE_HEAD)
-    if model_cfg.hf_path:
-        if not os.path.isdir(model_cfg.hf_path):
-            raise SetupError(
-                f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
-                f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
-                f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
-        cfg = models.LlamaConfig.from_pretrained(model_cfg.hf_path, **overrides)
-    else:
-        cfg = models.LlamaConfig.preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
-    if cfg.score_head and cfg.pad_token_id is None and cfg.vocab_size > LLAMA31_PAD_ID:
-        # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
-        # so the pad must be a token that never occurs in text
-        cfg = cfg.replace(pad_token_id=LLAMA31_PAD_ID)
-    return cfg
-
-
-def load_params(model_cfg, cfg: models.LlamaConfig, shardings) -> dict:
+def load_params(model_cfg, cfg: models.ModelConfig, shardings) -> dict:
     """The initial params, each array built directly in its sharding (a 70B model never sits on one device)."""
     if model_cfg.hf_path:
         return models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
@@ -75,20 +62,14 @@ def load_params(model_cfg, cfg: models.LlamaConfig, shardings) -> dict:
     return init(cfg, jax.random.key(model_cfg.init_seed), model_cfg.init_std)
 
 
-def load_job_tokenizer(cfg):
-    path = cfg.tokenizer_path or cfg.model.hf_path or bundled_llama3_tokenizer_dir()
+def load_job_tokenizer(cfg, chat_format: str):
+    """`tokenizer_path`, else the model directory, else the chat format's bundled tokenizer."""
     try:
-        return load_tokenizer(path)
+        path = chat.tokenizer_dir(cfg.tokenizer_path, cfg.model.hf_path, chat_format=chat_format)
+        return chat.load_tokenizer(path)
     except (FileNotFoundError, OSError) as e:
-        raise SetupError(f"tokenizer not found at {path!r} ({e}); set --config.tokenizer_path to an HF tokenizer "
-                         f"directory (the model's own directory works)") from None
-
-
-def _atomic_json(path: str, obj_) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj_, fh, indent=2, default=float)
-    os.replace(tmp, path)
+        raise SetupError(f"no tokenizer ({e}); set --config.tokenizer_path to an HF tokenizer directory (the model's "
+                         f"own directory works)") from None
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -122,7 +103,7 @@ class Batcher:
     def buckets_of(cfg) -> tuple[int, ...]:
         return default_buckets(cfg.data.max_len, cfg.data.min_bucket)
 
-    def __call__(self, split: pipeline.Split, idx, ref: np.ndarray | None):
+    def __call__(self, split: splits.Split, idx, ref: np.ndarray | None):
         items = [split.items[i] for i in idx]
         rows_per_item = 2 if split.paired and not split.packed else 1
         multiple = self.layout.items_multiple(rows_per_item) if self.layout is not None else 1
@@ -192,16 +173,16 @@ class Batcher:
         return self.layout.put_batch(batch, n) if self.layout is not None else batch
 
 
-def _fingerprint(split: pipeline.Split, model_cfg: models.LlamaConfig, cfg) -> str:
+def _fingerprint(split: splits.Split, model_cfg: models.ModelConfig, cfg) -> str:
     h = hashlib.sha256()
-    for e in pipeline.examples_of(split):
+    for e in splits.examples_of(split):
         h.update(e.tokens.tobytes())
         h.update(np.packbits(e.score_mask).tobytes())
     h.update(repr((model_cfg, cfg.model.to_dict(), cfg.loss.reduction)).encode())
     return h.hexdigest()[:16]
 
 
-def score_pairs(score_fn, params, split: pipeline.Split, batcher: Batcher, batch_size: int, desc: str | None = None):
+def score_pairs(score_fn, params, split: splits.Split, batcher: Batcher, batch_size: int, desc: str | None = None):
     """[n_pairs, 2] sequence scores (chosen, rejected) of every pair in `split`."""
     n = len(split.items)
     out = np.zeros((n, 2), np.float32)
@@ -214,7 +195,7 @@ def score_pairs(score_fn, params, split: pipeline.Split, batcher: Batcher, batch
     return out
 
 
-def reference_scores(name: str, split: pipeline.Split, score_fn, params0, model_cfg, cfg, batcher: Batcher,
+def reference_scores(name: str, split: splits.Split, score_fn, params0, model_cfg, cfg, batcher: Batcher,
                      run_dir: str):
     """[n_pairs, 2] frozen-reference scores (chosen, rejected), cached on disk per dataset and initial model."""
     n = len(split.items)
@@ -227,10 +208,8 @@ def reference_scores(name: str, split: pipeline.Split, score_fn, params0, model_
         return distributed.from_leader(np.load(path) if distributed.is_leader() else np.zeros((n, 2), np.float32))
     out = score_pairs(score_fn, params0, split, batcher, cfg.train.eval_batch_size, f"reference scores ({name})")
     if distributed.is_leader():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}.npy"
-        np.save(tmp, out)
-        os.replace(tmp, path)
+        with atomic_file(path, "wb") as fh:
+            np.save(fh, out)
     return out
 
 
@@ -248,7 +227,7 @@ def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
     return {k: v / count for k, v in sums.items()}
 
 
-def use_packing(cfg, train: pipeline.Split, multiple: int = 1) -> bool:
+def use_packing(cfg, train: splits.Split, multiple: int = 1) -> bool:
     """Whether this job trains on packed rows (`data.packing`):
     - pairs of a log-prob objective (critic, dpo), `data.pack_pairs` on, whose common histories hold at least
       `data.pack_min_saving` of their tokens: one prefix-shared row per pair;
@@ -294,13 +273,12 @@ def run(cfg) -> dict:
     leader = distributed.is_leader()  # process 0 writes the run files; every process runs every computation
     os.makedirs(run_dir, exist_ok=True)
     if leader:
-        with open(os.path.join(run_dir, "config.json.tmp"), "w") as fh:
-            fh.write(cfg.to_json_best_effort(indent=2))
-        os.replace(os.path.join(run_dir, "config.json.tmp"), os.path.join(run_dir, "config.json"))
+        write_text(os.path.join(run_dir, "config.json"), cfg.to_json_best_effort(indent=2))
 
     model_cfg = model_config(cfg.model, cfg.objective)
-    tokenizer = load_job_tokenizer(cfg)
-    train, held_out, stats = pipeline.build(cfg.data, tokenizer, run_dir)
+    chat_format = models.family_of(model_cfg).chat_format
+    tokenizer = load_job_tokenizer(cfg, chat_format)
+    train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=chat_format)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
              "%d train / %d held-out %s", stats.records, stats.skipped_records, stats.skipped_examples,
              stats.truncated, len(train.items), len(held_out.items), "pairs" if train.paired else "examples")
@@ -348,7 +326,7 @@ def run(cfg) -> dict:
              jax.process_count())
     params0 = load_params(cfg.model, model_cfg, layout.params)
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+    pad_id = chat.get_format(chat_format).tokenized(tokenizer).pad_id
     batcher = Batcher(cfg, pad_id, layout)
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
     train_step = layout.train_step(**loss_kw)
@@ -467,7 +445,7 @@ def run(cfg) -> dict:
         "held_out": final, "history": history, "last_train": running, "seconds": time.time() - t_start,
     }
     if leader:
-        _atomic_json(os.path.join(run_dir, "metrics.json"), result)
+        write_json(os.path.join(run_dir, "metrics.json"), result, indent=2, default=float)
     manager.close()
     return result
 

@@ -1,0 +1,17 @@
+"""Chat formats: the interface (`formats`), its implementations (`llama3`), and tokenizer loading with its fallbacks
+(`tokenizers`). Imports no JAX.
+
+    from sweet_jax import chat
+    fmt = chat.get_format()                       # the default ("llama3"), or chat.get_format("llama3")
+    prompt = fmt.render_text(messages, add_generation_prompt=True)
+    rendered = fmt.tokenized(tokenizer).render(messages)     # tokens, roles, turns, assistant mask
+"""
+
+from sweet_jax.chat import llama3  # noqa: F401  (registers the "llama3" format)
+from sweet_jax.chat.formats import (ASSISTANT, DEFAULT_FORMAT, NO_ROLE, ROLE_IDS, ChatFormat, RenderedChat,
+                                    SegmentedChat, TokenizedFormat, format_names, get_format, register)
+from sweet_jax.chat.tokenizers import find_tokenizer, has_tokenizer, load_tokenizer, tokenizer_dir
+
+__all__ = ["ASSISTANT", "DEFAULT_FORMAT", "NO_ROLE", "ROLE_IDS", "ChatFormat", "RenderedChat", "SegmentedChat",
+           "TokenizedFormat", "find_tokenizer", "format_names", "get_format", "has_tokenizer", "load_tokenizer",
+           "register", "tokenizer_dir"]

@@ -1,0 +1,49 @@
+"""Serving a model over the OpenAI API (`python -m sweet_jax.serve`): load it (an HF directory, or a training run's
+latest Orbax checkpoint), build the batching `Engine`, and run the `api` app under uvicorn. `ServeSettings` is the
+command's flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from sweet_jax.cli.app import flag
+
+log = logging.getLogger("sweet_jax.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    model: str = flag(help="HF checkpoint directory, or a sweet_jax.train run directory", required=True)
+    tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
+    served_model_name: str | None = flag(None, help="the id /v1/models reports (default: the directory's name)")
+    host: str = flag("127.0.0.1", help="the address to listen on")
+    port: int = flag(8000, help="the port to listen on")
+    dtype: str | None = flag(None, choices=("float32", "bfloat16"),
+                             help="compute dtype (default: bfloat16 on an accelerator, float32 on CPU)")
+    max_model_len: int = flag(8192, help="prompt + generated tokens, at most")
+    max_batch: int = flag(64, help="prompts batched into one generate call, at most")
+    batch_wait_ms: float = flag(10.0, help="how long a batch waits for more requests")
+    stream_segment: int = flag(8, help="decode steps between the chunks of a streamed response")
+
+
+def serve(s: ServeSettings) -> None:
+    """Load the model and serve it until the process is stopped."""
+    import jax
+    import uvicorn
+
+    from sweet_jax import models
+    from sweet_jax.inference.api import create_app
+    from sweet_jax.inference.engine import Engine
+
+    dtype = s.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    loaded = models.load_model(s.model, dtype, inference_layout=True)
+    engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=loaded.chat_format,
+                    model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
+                    max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
+                    max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
+                    stream_segment=s.stream_segment)
+    del loaded  # the engine holds the params
+    log.info("serving %s on http://%s:%d/v1", s.model, s.host, s.port)
+    uvicorn.run(create_app(engine), host=s.host, port=s.port, log_level="warning")

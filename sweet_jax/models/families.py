@@ -1,0 +1,64 @@
+"""Model families: the registry from an HF `model_type` to what the rest of the code needs of a family.
+
+    family = families.family("llama")        # or family_of(cfg), or config_from_pretrained(hf_dir) to parse one
+    family.config_class.preset("tiny")        # its config: parsed from config.json, presets
+    family.param_shapes(cfg), family.param_logical_axes(cfg)   # the parameter spec
+    family.hf_weight_layout(cfg)              # where each weight lives in an HF checkpoint
+    family.chat_format                        # the name of its chat format (`sweet_jax.chat`)
+
+A new family registers a `ModelFamily` here; loading, saving, sharding and the chat format then follow from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sweet_jax.models import llama
+from sweet_jax.models.config import ConfigError, LlamaConfig, read_hf_config
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    model_type: str  # HF config.json "model_type"
+    config_class: type  # from_hf_dict(hf, source, **overrides), preset(name, **overrides), to_hf_dict()
+    param_shapes: Callable[[Any], dict]  # cfg -> pytree of shapes
+    param_logical_axes: Callable[[Any], dict]  # cfg -> pytree of logical axis names (`parallel.sharding`)
+    hf_weight_layout: Callable[[Any], dict]  # cfg -> {our leaf path: (HF name, to ours, to HF)}
+    chat_format: str  # `sweet_jax.chat.get_format` name
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    "llama": ModelFamily("llama", LlamaConfig, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
+                         chat_format="llama3"),
+}
+
+
+def family(model_type: str) -> ModelFamily:
+    if model_type not in FAMILIES:
+        raise ConfigError(f"model_type {model_type!r} is not supported; the supported families are "
+                          f"{', '.join(sorted(FAMILIES))}")
+    return FAMILIES[model_type]
+
+
+def family_of(cfg) -> ModelFamily:
+    """The family of a model config."""
+    return family(cfg.model_type)
+
+
+def config_from_pretrained(path: str | os.PathLike, **overrides: Any):
+    """The model config of an HF `config.json` (a file, or the directory holding one), parsed by its family.
+    Unsupported settings raise ConfigError naming the file and field."""
+    hf, file = read_hf_config(path)
+    try:
+        fam = family(hf.get("model_type", "llama"))
+    except ConfigError as e:
+        raise ConfigError(f"{file}: field 'model_type': {e}") from None
+    return fam.config_class.from_hf_dict(hf, source=file, **overrides)
+
+
+def preset(name: str, **overrides: Any):
+    """A named architecture preset (`models.config.PRESETS`)."""
+    return LlamaConfig.preset(name, **overrides)

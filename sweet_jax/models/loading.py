@@ -1,0 +1,95 @@
+"""Opening a model: the job config of a model section (`model_config`), and `load_model`, which opens whatever a
+user points at, an HF checkpoint directory or a training run of `sweet_jax.train` (its latest Orbax checkpoint), with
+the tokenizer that goes with it (`LoadedModel.tokenizer`: the one given, else the model's own, else the bundled
+tokenizer of its chat format)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import NamedTuple
+
+from sweet_jax import chat
+from sweet_jax.models import llama
+from sweet_jax.models.config import ConfigError
+from sweet_jax.models.families import config_from_pretrained, family_of, preset
+from sweet_jax.models.hf_checkpoint import load_hf_params
+
+log = logging.getLogger("sweet_jax.models")
+# The training objectives whose model has a scalar score head instead of the LM head (`training.steps`).
+SCORE_HEAD_OBJECTIVES = ("reward", "value")
+
+
+class ModelLoadError(RuntimeError):
+    """A model directory that is neither an HF checkpoint nor a finished training run."""
+
+
+def model_config(model_cfg, *, score_head: bool = False):
+    """The model config of a job's `model` settings (see `training.defaults`): the checkpoint's config.json
+    (`model.hf_path`) or a preset (`model.preset`, `model.preset_overrides`), with the execution settings (dtypes,
+    remat policy, attention implementation). `score_head` puts a scalar score head in place of the LM head."""
+    overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
+                     remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
+                     score_head=score_head)
+    if model_cfg.hf_path:
+        if not os.path.isdir(model_cfg.hf_path):
+            raise ConfigError(
+                f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
+                f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
+                f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
+        cfg = config_from_pretrained(model_cfg.hf_path, **overrides)
+    else:
+        cfg = preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
+    pad = chat.get_format(family_of(cfg).chat_format).score_pad_token_id
+    if cfg.score_head and cfg.pad_token_id is None and pad is not None and cfg.vocab_size > pad:
+        # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
+        # so the pad must be a token that never occurs in text
+        cfg = cfg.replace(pad_token_id=pad)
+    return cfg
+
+
+class LoadedModel(NamedTuple):
+    cfg: object  # the model config (`models.ModelConfig`)
+    params: dict
+    tokenizer_dir: str | None  # the tokenizer that came with the model, if any
+
+    @property
+    def chat_format(self) -> str:
+        return family_of(self.cfg).chat_format
+
+    def tokenizer(self, override: str | None = None):
+        """The tokenizer `override`, else the model's own, else its chat format's bundled one."""
+        return chat.find_tokenizer(override, self.tokenizer_dir, chat_format=self.chat_format)
+
+
+def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = False) -> LoadedModel:
+    """The model at `path`: an HF checkpoint directory, or a training run directory of `sweet_jax.train` (its latest
+    Orbax checkpoint; only the params are restored). `dtype` is the compute dtype; `inference_layout` returns the
+    params unstacked, per layer (`models.unstack_layers`)."""
+    import ml_collections
+    import orbax.checkpoint as ocp
+
+    from sweet_jax.models.llama import abstract_params
+
+    if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as fh:
+            run = ml_collections.ConfigDict(json.load(fh))
+        score_head = run.get("objective", "") in SCORE_HEAD_OBJECTIVES
+        cfg = model_config(run.model, score_head=score_head).replace(compute_dtype=dtype)
+        manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
+        step = manager.latest_step()
+        if step is None:
+            raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
+        abstract = {"params": abstract_params(cfg)}
+        params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
+        log.info("loaded %s step %d", path, step)
+        tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
+    elif os.path.exists(os.path.join(path, "config.json")):
+        cfg = config_from_pretrained(path, compute_dtype=dtype)
+        params = load_hf_params(path, cfg)
+        tokenizer = path if chat.has_tokenizer(path) else None
+    else:
+        raise ModelLoadError(f"{path}: neither an HF checkpoint directory (config.json + *.safetensors) nor a "
+                             f"sweet_jax training run (config.json + checkpoints/)")
+    return LoadedModel(cfg, llama.unstack_layers(params) if inference_layout else params, tokenizer)

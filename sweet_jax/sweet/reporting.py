@@ -1,0 +1,317 @@
+"""A pipeline run's report (`python -m sweet_jax.report RUN_DIR [--output DIR]`): Markdown plus PNG plots.
+`python -m sweet_jax.report RUN_1 RUN_2 ...` (one config, several seeds) writes each run's report and `seeds.md`: every
+run's success rates side by side and pooled over the runs, with 95% Wilson intervals.
+
+- `report.md`: what ran (stages, times, data source), the results table in the layout of the paper's Table 2 (one
+  row per evaluated method: % tests passed and success rate on the test tasks, with 95% Wilson intervals for the
+  success rate), and the training stages' final held-out metrics.
+- `training_curves.png`: per training stage, the train loss and the held-out accuracy against the step (from each
+  stage's `log.jsonl`; after a resume the last line per step counts).
+- `best_of_n.png` and a table: the best-of-N curves of the paper's Figure 3a with 95% Wilson intervals, when the run
+  has a best-of-N evaluation (`eval/best_of_n.json`, from `sweet_jax.best_of_n evaluate`: {"success": {selector:
+  {N: rate}}, "episodes": {selector: {N: count}}, ...}).
+
+The output goes to RUN_DIR/report by default, written atomically file by file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from sweet_jax.cli.app import flag
+from sweet_jax.files.atomic import atomic_file, write_text
+
+# The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
+METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
+           "test": "SWEET-RL"}
+TRAINING = ("pretrain", "critic", "critic_no_info", "critic_head", "critic_value", "policy", "rft", "mtdpo")
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def read_log(path: str) -> dict[str, list[dict]]:
+    """{split: points sorted by step}, the last line winning for a repeated (split, step)."""
+    points: dict[tuple[str, int], dict] = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # cut by a crash (the job then resumed and logged those steps again)
+                    continue
+                points[(rec["split"], rec["step"])] = rec
+    out: dict[str, list[dict]] = {}
+    for (split, _), rec in sorted(points.items(), key=lambda kv: kv[0][1]):
+        out.setdefault(split, []).append(rec)
+    return out
+
+
+def _markers(run_dir: str) -> dict[str, dict]:
+    d = os.path.join(run_dir, "stages")
+    out = {}
+    names = [n for n in os.listdir(d) if n.endswith(".json")] if os.path.isdir(d) else []
+    for name in sorted(names, key=lambda n: os.path.getmtime(os.path.join(d, n))):  # in the order they finished
+        with open(os.path.join(d, name)) as fh:
+            out[name[:-5]] = json.load(fh)
+    return out
+
+
+def _save(fig, path: str) -> None:
+    with atomic_file(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=120, bbox_inches="tight")
+
+
+def training_curves(run_dir: str, out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in TRAINING if os.path.exists(os.path.join(run_dir, s, "log.jsonl"))]
+    if not stages:
+        return []
+    fig, axes = plt.subplots(len(stages), 2, figsize=(10, 3.2 * len(stages)), squeeze=False)
+    for row, stage in zip(axes, stages):
+        log = read_log(os.path.join(run_dir, stage, "log.jsonl"))
+        for ax, metric in zip(row, ("loss", "accuracy")):
+            train = [p for p in log.get("train", []) if metric in p]
+            held = [p for p in log.get("eval", []) if metric in p]
+            if not train and not held:
+                ax.text(0.5, 0.5, f"no {metric} for this objective", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
+            if train:
+                steps, values = [p["step"] for p in train], [p[metric] for p in train]
+                ax.plot(steps, values, "-", color="tab:blue", alpha=0.35, lw=1, label="train")
+                w = max(3, len(values) // 10)  # a running mean over a tenth of the points, at least 3
+                if len(values) > w:
+                    smooth = [sum(values[max(0, i - w + 1):i + 1]) / len(values[max(0, i - w + 1):i + 1])
+                              for i in range(len(values))]
+                    ax.plot(steps, smooth, "-", color="tab:blue", lw=2, label=f"train, running mean of {w}")
+            if held:
+                ax.plot([p["step"] for p in held], [p[metric] for p in held], "o-", color="tab:orange",
+                        label="held-out")
+            values = [p[metric] for p in train + held]
+            if metric == "loss" and min(values) > 0 and max(values) / min(values) > 100:
+                ax.set_yscale("log")  # pre-training falls from ~10 to ~0.01: the end would be a flat line
+            ax.set_title(f"{stage}: {metric}")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    path = os.path.join(out, "training_curves.png")
+    _save(fig, path)
+    plt.close(fig)
+    return [path]
+
+
+def best_of_n_curve(run_dir: str, out: str) -> list[str]:
+    src = os.path.join(run_dir, "eval", "best_of_n.json")
+    if not os.path.exists(src):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, counts = read_best_of_n(src)
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    for i, (method, points) in enumerate(curves.items()):
+        ns = sorted(points, key=int)
+        x = [int(n) * 1.03 ** (i - len(curves) / 2) for n in ns]  # a small offset keeps the error bars apart
+        y = [100 * points[n] for n in ns]
+        cis = [wilson(round(points[n] * counts[method][n]), counts[method][n]) for n in ns]
+        err = [[yy - 100 * lo for yy, (lo, _) in zip(y, cis)], [100 * hi - yy for yy, (_, hi) in zip(y, cis)]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=method)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(n) for points in curves.values() for n in points})
+    ax.set_xticks(ticks, [str(n) for n in ticks])
+    ax.set_xlabel("N (candidates per turn)")
+    ax.set_ylabel("success rate (%)")
+    ax.set_title("best-of-N selection (95% Wilson intervals)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside: 7 curves leave no empty corner
+    path = os.path.join(out, "best_of_n.png")
+    _save(fig, path)
+    plt.close(fig)
+    return [path]
+
+
+def read_best_of_n(path: str) -> tuple[dict, dict]:
+    """({selector: {N: success rate}}, {selector: {N: episodes}}) of a `sweet_jax.best_of_n evaluate` result."""
+    with open(path) as fh:
+        result = json.load(fh)
+    return result["success"], result["episodes"]
+
+
+def best_of_n_table(path: str) -> list[str]:
+    curves, counts = read_best_of_n(path)
+    ns = sorted({n for points in curves.values() for n in points}, key=int)
+    lines = ["| selector | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
+    for method, points in curves.items():
+        cells = []
+        for n in ns:
+            k, m = round(points[n] * counts[method][n]), counts[method][n]
+            lo, hi = wilson(k, m)
+            cells.append(f"{100 * points[n]:.1f} ({100 * lo:.0f}-{100 * hi:.0f})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _first_turns(path: str, group=lambda rec: None) -> dict:
+    """{group(record): the fraction of those trajectories in `path` that open with the ask domain's good question},
+    the file read once; {} without the file."""
+    from sweet_jax.colbench.synthetic import opens_with_good_question
+
+    if not os.path.exists(path):
+        return {}
+    counts: dict = {}
+    with open(path) as fh:
+        for rec in map(json.loads, filter(str.strip, fh)):
+            good, total = counts.get(group(rec), (0, 0))
+            counts[group(rec)] = (good + opens_with_good_question(rec), total + 1)
+    return {k: good / total for k, (good, total) in counts.items()}
+
+
+def write_report(run_dir: str, out: str | None = None) -> str:
+    run_dir = os.path.abspath(run_dir)
+    markers = _markers(run_dir)
+    if not markers:
+        raise FileNotFoundError(f"{run_dir}: no finished pipeline stages (stages/*.json)")
+    out = out or os.path.join(run_dir, "report")
+    os.makedirs(out, exist_ok=True)
+    plots = training_curves(run_dir, out) + best_of_n_curve(run_dir, out)
+
+    lines = [f"# SWEET-RL run report: `{run_dir}`", ""]
+    data = markers.get("data", {}).get("summary", {})
+    if "ask domain" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC tasks, not ColBench**: the ask domain, in which only the simulated human knows the "
+                  "constant the answer needs and tells it when asked for it. The numbers below are a toy-scale check, "
+                  "not the paper's benchmark.", ""]
+    elif "SYNTHETIC" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
+                  "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
+                  "benchmark.", ""]
+    ask = "ask domain" in str(data.get("source", ""))
+    extra = " opens with the good question |" if ask else ""
+    lines += ["## Results on the test tasks", "",
+              "| method | % tests passed | success rate | 95% CI (success) | trajectories |" + extra,
+              "|---|---|---|---|---|" + "---|" * ask]
+    evaluated = [(stage, name) for stage, name in METHODS.items() if stage in markers]
+    for stage, name in evaluated:
+        s = markers[stage]["summary"]
+        n, k = s["trajectories"], round(s["success"] * s["trajectories"])
+        lo, hi = wilson(k, n)
+        cell = ""
+        if ask:  # the first turn decides an ask-domain episode: how often the policy opens with the right question
+            good = _first_turns(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl")).get(None)
+            cell = " - |" if good is None else f" {100 * good:.0f}% |"
+        lines.append(f"| {name} | {100 * s['tests_passed']:.1f} | {100 * s['success']:.1f} | "
+                     f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |" + cell)
+    if not evaluated:
+        lines.append("| (no evaluation stage has finished) | | | | |")
+    lines += ["", "## Training", "", "| stage | steps | held-out accuracy | held-out loss | seconds |",
+              "|---|---|---|---|---|"]
+    for stage in TRAINING:
+        if stage in markers and "held_out" in markers[stage]["summary"]:
+            s = markers[stage]["summary"]
+            acc, loss = s["held_out"].get("accuracy"), s["held_out"].get("loss")
+            lines.append(f"| {stage} | {s['steps']} | {'-' if acc is None else f'{acc:.3f}'} | "
+                         f"{'-' if loss is None else f'{loss:.4f}'} | {s['seconds']} |")
+    bon = os.path.join(run_dir, "eval", "best_of_n.json")
+    if os.path.exists(bon):
+        lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
+                  "Success rate (%) with the initial policy fixed, choosing among N candidates per turn; 95% Wilson "
+                  "interval in brackets.", ""] + best_of_n_table(bon)
+        if ask:
+            curves, _ = read_best_of_n(bon)
+            n_max = max((n for points in curves.values() for n in points), key=int)
+            cells = []
+            by_selector = _first_turns(bon + ".trajectories.jsonl", lambda r: (r["selector"], str(r["n"])))
+            for sel in curves:
+                good = by_selector.get((sel, n_max))
+                cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
+            lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
+    lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    if not any(p.endswith("best_of_n.png") for p in plots):
+        lines += ["", "No best-of-N evaluation in this run (`eval/best_of_n.json`), so no Figure 3a curve."]
+    lines += ["", "## Stages", "", "| stage | seconds | summary |", "|---|---|---|"]
+    for name, rec in markers.items():
+        summary = json.dumps(rec.get("summary", {}))
+        lines.append(f"| {name} | {rec.get('seconds', '')} | `{summary[:160]}{'...' if len(summary) > 160 else ''}` |")
+    return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
+
+
+def write_seeds_report(run_dirs: list[str], out: str) -> str:
+    """`seeds.md` in `out`: the same config run with several seeds, one column per run and the pooled rate (all
+    episodes of all runs together, with its 95% Wilson interval), for the policies and for best-of-N."""
+    runs = [os.path.abspath(d) for d in run_dirs]
+    markers = [_markers(d) for d in runs]
+    for d, m in zip(runs, markers):
+        if not m:
+            raise FileNotFoundError(f"{d}: no finished pipeline stages (stages/*.json)")
+    head = "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | pooled | 95% CI (pooled) |"
+    rule = "|---|" + "---|" * (len(runs) + 2)
+
+    def row(name: str, cells: list[tuple[int, int] | None]) -> str:
+        got = [c for c in cells if c is not None]
+        k, n = sum(c[0] for c in got), sum(c[1] for c in got)
+        lo, hi = wilson(k, n)
+        each = [f"{100 * c[0] / c[1]:.1f}" if c and c[1] else "-" for c in cells]
+        pooled = f"{100 * k / n:.1f} | {100 * lo:.1f}-{100 * hi:.1f}" if n else "- | -"
+        return f"| {name} | " + " | ".join(each) + f" | {pooled} |"
+
+    lines = [f"# Success over {len(runs)} runs", "", "Runs: " + ", ".join(f"{i + 1} = `{d}`" for i, d in
+                                                                            enumerate(runs)), "",
+             "## Policies on the test tasks (success %)", "", head, rule]
+    for stage, name in METHODS.items():
+        cells = []
+        for m in markers:
+            s = m.get(stage, {}).get("summary")
+            cells.append((round(s["success"] * s["trajectories"]), s["trajectories"]) if s else None)
+        if any(cells):
+            lines.append(row(name, cells))
+    results = [read_best_of_n(os.path.join(d, "eval", "best_of_n.json"))
+               if os.path.exists(os.path.join(d, "eval", "best_of_n.json")) else None for d in runs]
+    if any(results):
+        lines += ["", "## Best-of-N on the test tasks (success %)", "", head, rule]
+        order = list(dict.fromkeys(sel for r in results if r for sel in r[0]))
+        ns = sorted({n for r in results if r for points in r[0].values() for n in points}, key=int)
+        for sel in order:
+            for n in ns:
+                cells = []
+                for r in results:
+                    if r is None or n not in r[0].get(sel, {}):
+                        cells.append(None)
+                    else:
+                        count = r[1][sel][n]
+                        cells.append((round(r[0][sel][n] * count), count))
+                lines.append(row(f"{sel}, N={n}", cells))
+    return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSettings:
+    run_dir: list[str] = flag(help="a pipeline run; several (seeds of one config): also seeds.md", positional=True,
+                              required=True)
+    output: str | None = flag(None, help="default: RUN_DIR/report (the first run's, for seeds.md)")
+
+
+def write_reports(s: ReportSettings) -> list[str]:
+    """Each run's report, and with several runs the pooled `seeds.md`; returns the paths written."""
+    paths = [write_report(d, s.output if len(s.run_dir) == 1 else None) for d in s.run_dir]
+    if len(s.run_dir) > 1:
+        paths.append(write_seeds_report(s.run_dir, s.output or os.path.join(s.run_dir[0], "report")))
+    return paths

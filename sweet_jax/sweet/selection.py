@@ -1,0 +1,198 @@
+"""Best-of-N selection on held-out tasks with a fixed policy (the paper's Figure 3a): at every agent turn the policy
+samples N candidates, a selector picks one, and the simulator (greedy) replies; the final answers are scored in the
+sandbox.
+
+Selectors: "random" (the first candidate, which is a uniform pick), and one per judge given (`--judge
+NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]`, any kind of `sweet.judges`: the highest judge score;
+ties go to the earlier candidate). Each state of each repeat is sampled once with `max(ns)` candidates and best-of-N
+uses the first N of them, so the curves differ only in the selection.
+
+States, candidates, judge scores and simulator replies go to OUT.cache.partial as they are made, so a killed run
+resumes from it. At the end OUT (JSON) is written atomically, {"success": {selector: {N: rate}}, "tests_passed": ...,
+"episodes": ...}, with OUT.trajectories.jsonl (every episode, with `selector`, `n`, `repeat`) and OUT.states.jsonl
+(the cache). `SelectionSettings` is the flags of `python -m sweet_jax.best_of_n evaluate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from sweet_jax.cli.app import flag
+from sweet_jax.colbench.env import BackendEpisode
+from sweet_jax.files.errors import DataError
+from sweet_jax.sweet.candidates import DTYPES, JUDGE_KINDS
+
+JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]"
+JUDGE_OPTIONS = ("no-info", "sum", "no-header")
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionSettings:
+    policy: str = flag(help="the fixed policy: an HF directory or a training run", required=True)
+    simulator: str = flag(help="the simulated human (may be the policy's directory)", required=True)
+    tasks: str = flag(help="held-out backend tasks (JSONL)", required=True)
+    output: str = flag(help="the results, JSON", required=True)
+    judge: list[str] = flag([], help=f"{JUDGE_SPEC}, repeatable (the kinds and options of `rank`)")
+    ns: str = flag("1,2,4,8,16", help="the Ns of best-of-N, comma-separated")
+    repeats: int = flag(1, help="independent draws of every task")
+    limit: int = flag(0, help="the first N tasks; 0: all")
+    max_steps: int = flag(10, help="agent turns per episode, at most")
+    temperature: float = flag(1.0, help="the policy's sampling temperature")
+    max_tokens: int = flag(1024, help="tokens per agent turn, at most")
+    simulator_max_tokens: int = flag(4096, help="tokens per simulator reply, at most")
+    batch: int = flag(8, help="states per generate call")
+    seed: int = flag(0, help="sampling seed")
+    semantics: str = flag("reference", choices=("reference", "clean"), help="the backend evaluator's semantics")
+    tokenizer: str | None = flag(None, help="tokenizer directory (default: the policy's, else the bundled one)")
+    dtype: str = flag("float32", help="compute dtype", choices=DTYPES)
+
+
+@dataclasses.dataclass
+class SelectionEpisode:
+    """One episode of one selector at one N."""
+
+    selector: str
+    n: int
+    repeat: int
+    task_index: int
+    episode: BackendEpisode
+
+
+def parse_judges(specs: list[str]) -> dict[str, dict]:
+    """`JUDGE_SPEC` strings -> {NAME: `Judge` keyword arguments}. The kind is "critic" unless one of head, value, llm
+    is given (see `sweet.judges`)."""
+    judges = {}
+    for spec in specs:
+        name, eq, rest = spec.partition("=")
+        if not eq or not name or not rest:
+            raise DataError(f"--judge {spec!r}: expected {JUDGE_SPEC}")
+        path, *opts = rest.split(":")
+        kinds = [o for o in opts if o in JUDGE_KINDS[1:]]
+        unknown = sorted(set(opts) - set(JUDGE_OPTIONS) - set(JUDGE_KINDS[1:]))
+        if unknown or len(kinds) > 1 or name == "random" or name in judges:
+            raise DataError(f"--judge {spec!r}: unknown options {unknown}" if unknown else
+                            f"--judge {spec!r}: more than one kind {kinds}" if len(kinds) > 1 else
+                            f"--judge {spec!r}: the name {name!r} is taken")
+        judges[name] = dict(model=path, kind=kinds[0] if kinds else "critic", no_info="no-info" in opts,
+                            use_sum="sum" in opts, no_header="no-header" in opts)
+    return judges
+
+
+def judge_spec(name: str, model: str, kind: str = "critic", *options: str) -> str:
+    """The `--judge` string of a judge (the inverse of `parse_judges` for one entry)."""
+    opts = ([kind] if kind != "critic" else []) + list(options)
+    if kind not in JUDGE_KINDS or set(options) - set(JUDGE_OPTIONS):
+        raise ValueError(f"judge {name!r}: kind {kind!r}, options {options}")
+    return f"{name}={model}" + "".join(f":{o}" for o in opts)
+
+
+def evaluate(s: SelectionSettings) -> dict:
+    from tqdm.auto import tqdm
+
+    from sweet_jax import chat
+    from sweet_jax.colbench.backend_eval import BackendEvaluator
+    from sweet_jax.files.atomic import write_json
+    from sweet_jax.files.jsonl import read_jsonl, write_jsonl
+    from sweet_jax.files.partial import PartialFile
+    from sweet_jax.inference.sampling import SamplingParams, generate
+    from sweet_jax.sweet.judges import Judge, shared_model
+
+    tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth", "test_cases"))
+    tasks = tasks[:s.limit] if s.limit else tasks
+    try:
+        ns = sorted({int(n) for n in s.ns.split(",")})
+    except ValueError:
+        ns = []
+    if not ns or ns[0] < 1:
+        raise DataError(f"--ns {s.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
+    judge_kw = parse_judges(s.judge)
+    # one copy of each model, whether it is the policy, the simulator or a judge
+    policy = shared_model(s.policy, s.dtype)
+    sim = shared_model(s.simulator, s.dtype)
+    tok = policy.tokenizer(s.tokenizer)
+    fmt = chat.get_format(policy.chat_format)
+    eot = fmt.tokenized(tok).eot_id
+    agent_sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,))
+    sim_sp = SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,))
+    judges = {name: Judge(tokenizer=s.tokenizer, dtype=s.dtype, **kw) for name, kw in judge_kw.items()}
+
+    # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
+    # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
+    cache = PartialFile(s.output, suffix=".cache.partial", what="a best-of-N state or reply",
+                        key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"]) if rec["kind"] == "state"
+                        else ("reply", rec["prompt"]))
+    states = {k[1:]: rec for k, rec in cache.done.items() if k[0] == "state"}
+    replies = {k[1]: rec["reply"] for k, rec in cache.done.items() if k[0] == "reply"}
+
+    def seed_of(repeat: int, task: int, prompt: str) -> int:
+        key = f"{s.seed}/{repeat}/{task}/{prompt}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+    selectors = ["random", *judges]
+    episodes = [SelectionEpisode(sel, n, r, t, BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt))
+                for sel in selectors for n in ns for r in range(s.repeats) for t, task in enumerate(tasks)]
+    bar = tqdm(total=len(episodes), desc="best-of-N episodes", disable=None)
+    with cache:
+        while True:
+            active = [e for e in episodes if not e.episode.done]
+            if not active:
+                break
+            # 1. sample and judge the states not seen before
+            todo = sorted({(e.repeat, e.task_index, e.episode.agent_prompt()) for e in active} - states.keys())
+            for start in range(0, len(todo), s.batch):
+                keys = todo[start:start + s.batch]
+                results = generate(policy.params, policy.cfg, [tok.encode(p, add_special_tokens=False)
+                                                                for *_, p in keys],
+                                   agent_sp, n=ns[-1], seed=[seed_of(*k) for k in keys])
+                for (r, t, p), samples in zip(keys, results):
+                    rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
+                           "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
+                           "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
+                           "sum": [sum(x.logprobs) for x in samples]}
+                    rec["judge"] = {name: j(p, tasks[t]["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
+                                            where=f"{s.tasks}: task {t + 1}") for name, j in judges.items()}
+                    states[(r, t, p)] = rec
+                    cache.append(rec)
+            # 2. every active episode takes its selector's pick among the first N candidates
+            for e in active:
+                rec = states[(e.repeat, e.task_index, e.episode.agent_prompt())]
+                pick = 0 if e.selector == "random" else max(range(e.n), key=lambda i: (rec["judge"][e.selector][i],
+                                                                                        -i))
+                if e.episode.step(rec["candidates"][pick]):
+                    bar.update(1)
+            # 3. the simulator replies (greedy, so one reply per distinct prompt)
+            waiting = [(e.episode, fmt.render_text(e.episode.simulator_messages(), add_generation_prompt=True))
+                       for e in episodes if not e.episode.done and e.episode.history[-1]["role"] == "assistant"]
+            todo = sorted({p for _, p in waiting} - replies.keys())
+            for start in range(0, len(todo), s.batch * 4):
+                chunk = todo[start:start + s.batch * 4]
+                out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp)
+                for p, o in zip(chunk, out):
+                    replies[p] = tok.decode(o[0].tokens, skip_special_tokens=True)
+                    cache.append({"kind": "reply", "prompt": p, "reply": replies[p]})
+            for ep, p in waiting:
+                ep.add_reply(replies[p])
+    bar.close()
+
+    evaluator = BackendEvaluator(semantics=s.semantics)
+    scores = {}  # (task index, answer) -> reward: the selectors often reach the same answer
+    for e in tqdm(episodes, desc="score answers", disable=None):
+        key = (e.task_index, e.episode.answer)
+        if key not in scores:
+            task = e.episode.task
+            scores[key] = evaluator.score(e.episode.answer, task["ground_truth"], task["test_cases"]).reward
+    table = {k: {sel: {} for sel in selectors} for k in ("success", "tests_passed", "episodes")}
+    for sel in selectors:
+        for n in ns:
+            rewards = [scores[(e.task_index, e.episode.answer)] for e in episodes if e.selector == sel and e.n == n]
+            table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
+            table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
+            table["episodes"][sel][str(n)] = len(rewards)
+    write_jsonl(s.output + ".trajectories.jsonl",
+                [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
+                  "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes])
+    write_json(s.output, {**table, "tasks": len(tasks), "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
+                          "judges": judge_kw})
+    cache.finish(path=s.output + ".states.jsonl")  # kept for inspection: every state's candidates and scores
+    return {"success": table["success"]}

@@ -1,0 +1,529 @@
+"""SWEET-RL end to end: the stages of `python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py`, and
+`run_pipeline`, which runs them.
+
+Stages, in order, each writing into the run directory (`run_dir`):
+
+    init      the initial model: `policy_init` (an HF directory), or with none given a random-init tiny model with the
+              bundled tokenizer (`init` settings; `python -m sweet_jax.random_init`), written to RUN/init/hf
+    tasks     (tasks.kind = "ask") the SYNTHETIC ask domain: train and test tasks and the pre-training dialogues
+    pretrain  (pretrain.config set) supervised pre-training of the random init on those dialogues: it becomes the
+              initial policy and the simulator
+    data      the offline trajectories on the train tasks: collected by the initial policy against the simulator,
+              both served over the OpenAI API, or (`data.source = "synthetic"`) SYNTHETIC scripted collaborations
+    critic    the SWEET critic: Bradley-Terry on the ground-truth trajectory pairs, with the reference solution
+              (`sweet_jax.train`; the pairs are formed from the trajectories as in SWEET-RL step 1)
+    critic_no_info, critic_head, critic_value, best_of_n
+              (best_of_n_eval.enabled) the critic ablations of the paper, each from the critic's recipe: without
+              the information; a regression head on the mean token value ("reward" objective); a value function
+              (success classifier on every turn, "value" objective). Then the best-of-N evaluation of the paper's
+              Figure 3a on the test tasks: the initial policy fixed, candidates chosen by the SWEET critic, the
+              same critic ranking sums, each ablation critic, the initial policy as LLM-as-judge, or at random
+    sample    16 candidates per assistant turn of the first `data_fraction` of the trajectories (step 3)
+    rank      critic advantages on one shared-prefix cache per turn (step 4)
+    pairs     top-half vs bottom-half preference pairs, official layout (step 5)
+    policy    the SWEET actor: DPO on the ranked candidates (step 6)
+    test      the trained policy against the simulator on the test tasks, scored in the sandbox (step 7)
+    test_zero_shot, rft, test_rft, mtdpo, test_mtdpo
+              the baselines of the paper: the initial policy as it is; rejection fine-tuning on the successful
+              trajectories; multi-turn DPO on the ground-truth pairs without the information; each evaluated as
+              `test` is
+    report    `sweet_jax.report`: RUN/report/report.md with the results tables and the plots
+
+- A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
+  stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
+  collection from its `.partial` file, sampling and ranking from theirs, training from its Orbax checkpoints.
+  So a kill at any point followed by the same command redoes nothing that had finished and loses nothing.
+- `--stage NAME` runs one stage (its inputs must exist); `--from NAME` starts at a stage and `--until NAME` stops
+  after one; `--force` reruns the selected stages even when their markers exist (the jobs still resume from their
+  partial files).
+- Every stage runs as a child process (`python -m sweet_jax.<job>`) with its log in `RUN/logs/NAME.log`, so the
+  commands are the ones a user would type, and a stage's memory is freed when it ends. A stage builds its command
+  from the job's typed settings (`cli.app.command_line`): a job config with overrides, or a settings dataclass.
+- `jobs` > 1 runs independent stages at the same time (each stage names the stages it comes `after`): after `data`,
+  the critics, the baselines and the sampling do not wait for one another. On a CPU whose jobs leave cores idle
+  (the tiny config) this shortens the run; on accelerators keep 1 unless the stages fit side by side.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from sweet_jax.cli.app import command_line
+from sweet_jax.files.atomic import write_json
+from sweet_jax.sweet import candidates, selection
+
+log = logging.getLogger("sweet_jax.pipeline")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: configs/
+
+
+try:  # resolved once here: a child runs `_die_with_parent` between fork and exec, where it must not import
+    import ctypes
+    import signal
+
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In a child process (Linux): be sent SIGTERM when the driver dies, even by SIGKILL, so no server or job
+    outlives a killed pipeline."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class StageError(RuntimeError):
+    """A stage's job failed; the message names the stage and its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]  # run-directory paths that must exist first
+    outputs: tuple[str, ...]  # run-directory paths the stage leaves
+    run: Callable[["Run"], dict]
+    after: tuple[str, ...] = ()  # the stages whose results it uses: with `jobs` > 1 it starts once they are done
+    enabled: Callable[["Run"], bool] = lambda run: True  # a stage the config leaves out is passed over
+
+
+class Run:
+    """One pipeline run: its config, directory and the helpers the stages share."""
+
+    def __init__(self, cfg, python: str = sys.executable):
+        self.cfg, self.python = cfg, python
+        self.dir = os.path.abspath(cfg.run_dir)
+        self._servers: dict[str, tuple[subprocess.Popen, str, object]] = {}  # kept servers, by model path
+        self._lock = threading.Lock()
+        self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
+        # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
+        # RUN/jax_cache: the stages that compile the same programs (the critic ablations, the servers and samplers of
+        # one architecture) compile them once. A JAX_COMPILATION_CACHE_DIR already set wins.
+        self.env = dict(os.environ)
+        if cfg.get("compile_cache", True):
+            self.env.setdefault("JAX_COMPILATION_CACHE_DIR", self.path("jax_cache"))
+            self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    @property
+    def policy_init(self) -> str:
+        """The initial policy: `policy_init`, else the pre-trained model, else the random init."""
+        if self.cfg.policy_init:
+            return self.cfg.policy_init
+        return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
+
+    @property
+    def generated_tasks(self) -> bool:
+        return self.cfg.tasks.kind == "ask"
+
+    @property
+    def train_tasks(self) -> str:
+        return self.cfg.data.train_tasks or (self.path("tasks", "train_tasks.jsonl") if self.generated_tasks else "")
+
+    @property
+    def test_tasks(self) -> str:
+        if self.cfg.test_tasks:
+            return self.cfg.test_tasks
+        if self.generated_tasks:
+            return self.path("tasks", "test_tasks.jsonl")
+        return self.path("data", "test_tasks.jsonl")  # written by the scripted synthetic data stage
+
+    @property
+    def simulator(self) -> str:
+        return self.cfg.simulator or self.policy_init
+
+    def job(self, stage: str, module: str, settings=None, **kw) -> None:
+        """Run `python -m sweet_jax.<module>` with `settings` (a settings dataclass) or a job config (`config=`,
+        `overrides=`, see `cli.app.command_line`) to completion, appending to RUN/logs/<stage>.log."""
+        os.makedirs(self.path("logs"), exist_ok=True)
+        cmd = [self.python, *command_line(module, settings, **kw)]
+        logfile = self.path("logs", f"{stage}.log")
+        with open(logfile, "a") as fh:
+            fh.write(f"\n$ {' '.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                  env=self.env)
+        if proc.returncode:
+            with open(logfile) as fh:
+                tail = fh.read()[-2000:]
+            raise StageError(f"stage '{stage}': `{' '.join(cmd[2:4])} ...` exited with {proc.returncode}; log "
+                             f"{logfile}:\n{tail}")
+
+    @contextlib.contextmanager
+    def served(self, stage: str, model: str):
+        """`sweet_jax.serve --model MODEL` on a free local port; yields its /v1 base URL. The server stops when the
+        block ends, or with `serve.keep` it stays up (warm) for every later stage that serves the same model, until
+        `close()`: the tiny pipeline's simulator, and its initial policy, serve five evaluation stages. Stages
+        running at the same time share a kept server; the first to need it starts it."""
+        if not self.cfg.serve.get("keep", False):
+            proc, url, fh = self._start_server(stage, model)
+            try:
+                yield url
+            finally:
+                _stop(proc, fh)
+            return
+        key = os.path.realpath(model)
+        with self._lock:
+            lock = self._starting.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._servers:
+                self._servers[key] = self._start_server(stage, model)
+        yield self._servers[key][1]
+
+    def _start_server(self, stage: str, model: str) -> tuple[subprocess.Popen, str, object]:
+        """(process, /v1 URL, log file) of a server that answers /health."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.makedirs(self.path("logs"), exist_ok=True)
+        logfile = self.path("logs", f"{stage}.serve.log")
+        fh = open(logfile, "a")
+        from sweet_jax.inference.server import ServeSettings
+
+        settings = ServeSettings(model=model, port=port, max_model_len=self.cfg.serve.max_model_len,
+                                 max_batch=self.cfg.serve.get("max_batch", 64))
+        proc = subprocess.Popen([self.python, *command_line("serve", settings)], cwd=ROOT, stdout=fh,
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=self.env)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + self.cfg.serve.start_timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                return proc, url + "/v1", fh
+            except (urllib.error.URLError, ConnectionError):
+                if proc.poll() is not None or time.time() > deadline:
+                    _stop(proc, fh)
+                    raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        """Stop the servers kept up by `serve.keep`."""
+        while self._servers:
+            proc, _, fh = self._servers.popitem()[1]
+            _stop(proc, fh)
+
+
+def _stop(proc: subprocess.Popen, fh) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    fh.close()
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+
+
+def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rollouts: int) -> dict:
+    c = run.cfg.collect
+    if not tasks:
+        raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
+    with run.served(stage, agent_model) as agent, run.served(stage + "_simulator", run.simulator) as sim:
+        run.job(stage, "collect", config=os.path.join(ROOT, "configs", "collect_backend.py"), overrides={
+            "tasks": tasks, "output": output, "limit": c.limit, "rollouts": rollouts, "max_steps": c.max_steps,
+            "concurrency": c.concurrency, "agent.base_url": agent,
+            "agent.model": os.path.basename(agent_model.rstrip("/")), "agent.max_tokens": c.agent_max_tokens,
+            "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
+            "simulator.max_tokens": c.simulator_max_tokens})
+    return _rewards(output)
+
+
+def _rewards(path: str) -> dict:
+    """Backend metrics of a trajectory file: mean reward (% tests passed) and success rate (reward 1)."""
+    rewards = [json.loads(line)["reward"] for line in open(path) if line.strip()]
+    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / max(len(rewards), 1),
+            "success": sum(r >= 1.0 for r in rewards) / max(len(rewards), 1)}
+
+
+def stage_init(run: Run) -> dict:
+    if run.cfg.policy_init:
+        return {"policy_init": run.cfg.policy_init}
+    import ml_collections
+
+    from sweet_jax.models.random_weights import RandomInitSettings
+
+    i = run.cfg.init
+    overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
+    out = run.path("init", "hf")
+    run.job("init", "random_init", RandomInitSettings(output=out, seed=i.seed, std=i.std,
+                                                      overrides=json.dumps(overrides),
+                                                      head_from_embed=bool(i.head_from_embed)))
+    return {"policy_init": out, "random_init": True}
+
+
+def stage_tasks(run: Run) -> dict:
+    from sweet_jax.colbench import synthetic
+
+    t = run.cfg.tasks
+    files = synthetic.write_ask_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
+                                     num_constants=t.num_constants, p_good=t.p_good, p_vague=t.p_vague, seed=t.seed)
+    return {"source": "SYNTHETIC ask domain (not ColBench)", **files}
+
+
+def stage_pretrain(run: Run) -> dict:
+    return _train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
+                  run.cfg.pretrain.overrides, init=run.path("init", "hf"))
+
+
+def stage_data(run: Run) -> dict:
+    out = run.path("data", "train_trajectories.jsonl")
+    d = run.cfg.data
+    if d.source == "synthetic":
+        from sweet_jax.colbench import synthetic
+
+        import random
+
+        from sweet_jax.files.jsonl import write_jsonl
+
+        s = d.synthetic
+        synthetic.write_dataset(out, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
+        rng = random.Random(s.seed + 1)  # held-out tasks for the test stage
+        write_jsonl(run.path("data", "test_tasks.jsonl"),
+                    [synthetic.make_task(rng, s.num_constants) for _ in range(s.num_test_tasks)])
+        return {"source": "SYNTHETIC scripted collaborations (not ColBench)", **_rewards(out)}
+    if d.source != "collect":
+        raise StageError(f"data.source must be 'synthetic' or 'collect', got {d.source!r}")
+    summary = _collect(run, "data", run.train_tasks, out, run.policy_init, run.cfg.collect.rollouts)
+    return {"source": "SYNTHETIC ask domain (not ColBench)", **summary} if run.generated_tasks else summary
+
+
+def _train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
+    out = run.path(stage)
+    run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
+        f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides])
+    with open(os.path.join(out, "metrics.json")) as fh:
+        metrics = json.load(fh)
+    return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
+
+
+def stage_critic(run: Run) -> dict:
+    return _train(run, "critic", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+                  run.cfg.critic.overrides)
+
+
+def _ablation(stage: str):
+    """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`)."""
+    def run_stage(run: Run) -> dict:
+        return _train(run, stage, run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+                      (*run.cfg.critic.overrides, *run.cfg[stage].overrides))
+    return run_stage
+
+
+def stage_sample(run: Run) -> dict:
+    b = run.cfg.best_of_n
+    run.job("sample", "best_of_n", candidates.SampleSettings(
+        model=run.policy_init, input=run.path("data", "train_trajectories.jsonl"),
+        output=run.path("bon", "sampled.jsonl"), data_fraction=b.data_fraction, n=b.n, temperature=b.temperature,
+        max_tokens=b.max_tokens, batch=b.batch), subcommand="sample")
+    return {"states": sum(1 for _ in open(run.path("bon", "sampled.jsonl")))}
+
+
+def stage_rank(run: Run) -> dict:
+    r = run.cfg.rank
+    run.job("rank", "best_of_n", candidates.RankSettings(
+        critic=run.path("critic", "hf"), input=run.path("bon", "sampled.jsonl"),
+        output=run.path("bon", "ranked.jsonl"), reference=r.reference,
+        reference_model=run.policy_init if r.reference == "model" else None, use_sum=bool(r.use_sum),
+        no_info=bool(r.no_info), no_header=bool(r.no_header)), subcommand="rank")
+    return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
+
+
+def stage_pairs(run: Run) -> dict:
+    run.job("pairs", "best_of_n", candidates.PairsSettings(
+        input=run.path("bon", "ranked.jsonl"), output=run.path("bon", "pairs.jsonl"),
+        num_pairs=run.cfg.pairs.num_pairs, no_prompt=True), subcommand="pairs")
+    return {"pairs": sum(1 for _ in open(run.path("bon", "pairs.jsonl")))}
+
+
+def stage_policy(run: Run) -> dict:
+    return _train(run, "policy", run.cfg.policy.config, run.path("bon", "ranked.jsonl"),
+                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+
+
+def _test(run: Run, stage: str, model: str) -> dict:
+    return _collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
+                    run.cfg.test.rollouts)
+
+
+def stage_best_of_n(run: Run) -> dict:
+    """Figure 3a: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET critic, the same
+    critic ranking with sums, the critic trained without the information, the regression-head critic, the value
+    function, the initial policy as LLM-as-judge (with the information), and random choice."""
+    e = run.cfg.best_of_n_eval
+    head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
+    judge = selection.judge_spec
+    run.job("best_of_n", "best_of_n", selection.SelectionSettings(
+        policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks,
+        output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+        max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
+        simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
+            judge("SWEET critic", run.path("critic", "hf"), "critic", *head),
+            judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head),
+            judge("critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
+            judge("regression head", run.path("critic_head", "hf"), "head"),
+            judge("value function", run.path("critic_value", "hf"), "value"),
+            judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
+    with open(run.path("eval", "best_of_n.json")) as fh:
+        return {"success": json.load(fh)["success"]}
+
+
+def stage_test(run: Run) -> dict:
+    return _test(run, "test", run.path("policy", "hf"))
+
+
+def stage_rft(run: Run) -> dict:
+    return _train(run, "rft", run.cfg.rft.config, run.path("data", "train_trajectories.jsonl"), run.cfg.rft.overrides)
+
+
+def stage_mtdpo(run: Run) -> dict:
+    return _train(run, "mtdpo", run.cfg.mtdpo.config, run.path("data", "train_trajectories.jsonl"),
+                  run.cfg.mtdpo.overrides)
+
+
+def stage_report(run: Run) -> dict:
+    from sweet_jax.sweet.reporting import write_report
+
+    return {"report": write_report(run.dir)}
+
+
+def _best_of_n_eval(run: Run) -> bool:
+    return bool(run.cfg.best_of_n_eval.enabled)
+
+
+ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
+STAGES = (
+    Stage("init", (), (), stage_init),
+    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
+          enabled=lambda run: run.generated_tasks),
+    Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain, after=("init", "tasks"),
+          enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init),
+    # every later stage uses the initial policy and the tasks, which `data` itself waits for
+    Stage("data", (), ("data/train_trajectories.jsonl",), stage_data, after=("init", "tasks", "pretrain")),
+    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data",)),
+    # critic ablations and the best-of-N evaluation (Figure 3a)
+    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data",),
+            enabled=_best_of_n_eval) for name in ABLATIONS),
+    Stage("best_of_n", ("critic/hf", *(f"{name}/hf" for name in ABLATIONS)), ("eval/best_of_n.json",),
+          stage_best_of_n, after=("critic", *ABLATIONS), enabled=_best_of_n_eval),
+    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
+    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
+    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
+    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
+    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
+    # baselines: the initial policy as it is, rejection fine-tuning and multi-turn DPO
+    Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
+          lambda run: _test(run, "test_zero_shot", run.policy_init), after=("data",)),
+    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
+    Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
+          lambda run: _test(run, "test_rft", run.path("rft", "hf")), after=("rft",)),
+    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data",)),
+    Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
+          lambda run: _test(run, "test_mtdpo", run.path("mtdpo", "hf")), after=("mtdpo",)),
+)
+STAGES += (Stage("report", (), ("report/report.md",), stage_report, after=tuple(s.name for s in STAGES)),)
+NAMES = tuple(s.name for s in STAGES)
+
+
+def _marker(run: Run, stage: Stage) -> str:
+    return run.path("stages", f"{stage.name}.json")
+
+
+def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, until: str | None = None,
+                 force: bool = False, python: str = sys.executable) -> dict:
+    """Run the selected stages in order (`only` one, or `start` .. `until`), skipping finished ones unless `force`;
+    returns {stage: marker record}."""
+    for name in (only, start, until):
+        if name is not None and name not in NAMES:
+            raise StageError(f"unknown stage {name!r}; the stages are {', '.join(NAMES)}")
+    run = Run(cfg, python)
+    os.makedirs(run.dir, exist_ok=True)
+    write_json(run.path("config.json"), json.loads(cfg.to_json()))
+    first = NAMES.index(only or start or NAMES[0])
+    last = NAMES.index(only or until or NAMES[-1])
+    selected = list(STAGES[first:last + 1])
+    records = {}
+    try:
+        _run_stages(run, selected, records, force)
+    finally:
+        run.close()
+    return records
+
+
+def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> None:
+    """Run the selected stages that are neither finished nor left out. With `jobs` = 1 (the default) they run one
+    after another in order; with more, up to `jobs` at a time, each starting once the selected stages it comes
+    `after` are done, those at the head of the longest chains of stages first. A failed stage lets the running ones
+    finish, starts nothing new, and is raised."""
+    pending = []
+    for stage in selected:
+        marker = _marker(run, stage)
+        if not stage.enabled(run):
+            log.info("stage %-7s not in this config; passed over", stage.name)
+        elif os.path.exists(marker) and not force:
+            with open(marker) as fh:
+                records[stage.name] = json.load(fh)
+            log.info("stage %-7s done earlier (%s); skipped", stage.name, marker)
+        else:
+            pending.append(stage)
+    jobs = max(1, int(run.cfg.get("jobs", 1)))
+    waiting_on = {s.name for s in pending}
+    if jobs > 1:  # longest chain of dependent stages first (list scheduling), so no long chain is left for the end
+        depth: dict[str, int] = {}
+        for stage in reversed(pending):
+            depth[stage.name] = 1 + max((depth[s.name] for s in pending if stage.name in s.after), default=0)
+        pending.sort(key=lambda s: -depth[s.name])  # stable: in list order within a depth
+    running: dict[concurrent.futures.Future, Stage] = {}
+    error = None
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for stage in list(pending):
+                if error is not None or len(running) >= jobs:
+                    break
+                if waiting_on.isdisjoint(stage.after):
+                    pending.remove(stage)
+                    running[pool.submit(_run_stage, run, stage)] = stage
+            if not running:
+                break  # a failure stopped the rest
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                stage = running.pop(future)
+                try:
+                    records[stage.name] = future.result()
+                    waiting_on.discard(stage.name)
+                except Exception as e:  # noqa: BLE001 - re-raised once the running stages have finished
+                    error = error or e
+    if error is not None:
+        raise error
+
+
+def _run_stage(run: Run, stage: Stage) -> dict:
+    missing = [p for p in stage.inputs if not os.path.exists(run.path(p))]
+    if missing:
+        raise StageError(f"stage '{stage.name}' needs {', '.join(run.path(p) for p in missing)}: run the earlier "
+                         f"stages first")
+    log.info("stage %-7s running", stage.name)
+    t0 = time.time()
+    summary = stage.run(run)
+    absent = [p for p in stage.outputs if not os.path.exists(run.path(p))]
+    if absent:
+        raise StageError(f"stage '{stage.name}' finished without {', '.join(absent)}")
+    record = {"stage": stage.name, "outputs": [run.path(p) for p in stage.outputs],
+              "seconds": round(time.time() - t0, 1), "summary": summary}
+    write_json(_marker(run, stage), record)
+    log.info("stage %-7s finished in %.0f s: %s", stage.name, time.time() - t0, json.dumps(summary))
+    return record

@@ -1,0 +1,133 @@
+"""From the `data` config section to tokenised train/eval examples: read, validate, pair, tokenise, split."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+
+from sweet_jax.colbench import synthetic
+from sweet_jax.files.jsonl import write_jsonl
+from sweet_jax.data import pairs as pairs_lib
+from sweet_jax.data.examples import Example, ExampleBuilder
+from sweet_jax.data.trajectories import ReadStats, read_trajectories
+from sweet_jax.files.errors import DataError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values")
+
+
+@dataclasses.dataclass
+class Split:
+    """items: (chosen, rejected) Example tuples for pair objectives, single Examples for SFT. packed: batches of
+    this split are prefix-shared rows, one per pair (`data.packing`; the trainer decides)."""
+
+    items: list
+    paired: bool
+    packed: bool = False
+
+
+@dataclasses.dataclass
+class DataStats:
+    records: int = 0
+    skipped_records: int = 0
+    skipped_examples: int = 0
+    truncated: int = 0
+    first_errors: list = dataclasses.field(default_factory=list)
+
+
+def resolve_path(data_cfg, run_dir: str) -> str:
+    """The configured file, or a synthetic one generated on first use (clearly labelled as such)."""
+    if data_cfg.path:
+        return data_cfg.path
+    kind = "ranked" if data_cfg.kind == "ranked_pairs" else "trajectories"
+    s = data_cfg.synthetic
+    path = os.path.join(run_dir, "data",
+                        f"SYNTHETIC_{kind}_{s.num_tasks}tasks_{s.num_constants}consts_"
+                        f"{'compact' if s.compact else 'full'}_seed{s.seed}.jsonl")
+    if not os.path.exists(path):
+        log.info("generating synthetic %s data (not ColBench) at %s", kind, path)
+        if kind == "ranked":
+            write_jsonl(path, synthetic.make_ranked_records(s.num_tasks, seed=s.seed))
+        else:
+            synthetic.write_dataset(path, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
+    return path
+
+
+def build(data_cfg, tokenizer, run_dir: str, chat_format: str | None = None) -> tuple[Split, Split, DataStats]:
+    """Train and held-out splits. The held-out split is the first `eval_fraction` of the tasks (trajectory data) or
+    records (ranked data), as the official recipe holds out the head of its file."""
+    if data_cfg.kind not in KINDS:
+        raise ValueError(f"data.kind must be one of {KINDS}, got {data_cfg.kind!r}")
+    path = resolve_path(data_cfg, run_dir)
+    stats = DataStats()
+    builder = ExampleBuilder(tokenizer, data_cfg.max_len, with_info=data_cfg.with_info, info_key=data_cfg.info_key,
+                             mask_style=data_cfg.mask_style, score_span=data_cfg.score_span, chat_format=chat_format)
+
+    def guarded(make):
+        """make() an example (or a list of them); a DataError propagates, or is counted and skipped with
+        on_error='skip'."""
+        try:
+            ex = make()
+        except DataError as e:
+            if data_cfg.on_error != "skip":
+                raise
+            stats.skipped_examples += 1
+            if len(stats.first_errors) < 5:
+                stats.first_errors.append(str(e))
+            return None
+        stats.truncated += sum(e.truncated for e in ex) if isinstance(ex, list) else int(ex.truncated)
+        return ex
+
+    if data_cfg.kind == "ranked_pairs":
+        records, sources = pairs_lib.read_ranked_file(path)
+        stats.records = len(records)
+        n_eval = math.ceil(data_cfg.eval_fraction * len(records))
+        groups = [pairs_lib.ranked_candidate_pairs(records[:n_eval], data_cfg.num_pairs, data_cfg.seed, sources),
+                  pairs_lib.ranked_candidate_pairs(records[n_eval:], data_cfg.num_pairs, data_cfg.seed,
+                                                   sources[n_eval:])]
+        splits = []
+        for group in groups:
+            items = []
+            for p in group:
+                c = guarded(lambda: builder.from_text(p.prompt, p.chosen, p.source))
+                r = guarded(lambda: builder.from_text(p.prompt, p.rejected, p.source))
+                if c is not None and r is not None:
+                    items.append((c, r))
+            splits.append(Split(items, paired=True))
+        return splits[1], splits[0], stats
+
+    read = ReadStats()
+    trajectories = list(read_trajectories(path, on_error=data_cfg.on_error, stats=read))
+    stats.records, stats.skipped_records, stats.first_errors = read.read, read.skipped, list(read.first_errors)
+    if not trajectories:
+        raise DataError(f"{path}: no usable trajectories")
+    tasks = list(pairs_lib.group_rollouts(trajectories))
+    held_out = set(tasks[:math.ceil(data_cfg.eval_fraction * len(tasks))])
+    parts = {True: [], False: []}
+    if data_cfg.kind == "trajectory_pairs":
+        for p in pairs_lib.preference_pairs(trajectories, data_cfg.min_best_reward):
+            c = guarded(lambda: builder.from_trajectory(p.chosen))
+            r = guarded(lambda: builder.from_trajectory(p.rejected))
+            if c is not None and r is not None:
+                parts[p.chosen.task_key in held_out].append((c, r))
+    elif data_cfg.kind == "turn_values":  # every assistant turn, labelled with its trajectory's success
+        for t in trajectories:
+            exs = guarded(lambda: builder.turn_examples(t, label=float(t.reward >= data_cfg.min_best_reward)))
+            parts[t.task_key in held_out].extend(exs or [])
+    else:
+        for t in pairs_lib.rft_set(trajectories, data_cfg.min_best_reward):
+            ex = guarded(lambda: builder.from_trajectory(t))
+            if ex is not None:
+                parts[t.task_key in held_out].append(ex)
+    paired = data_cfg.kind in ("trajectory_pairs", "ranked_pairs")
+    return Split(parts[False], paired), Split(parts[True], paired), stats
+
+
+def examples_of(split: Split) -> list[Example]:
+    """Flat list of examples (chosen then rejected for each pair)."""
+    if not split.paired:
+        return list(split.items)
+    return [e for pair in split.items for e in pair]
