@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 
+from system import needs_bwrap
+
 from sweet_jax.colbench import backend_eval, sandbox
 from sweet_jax.colbench.sandbox_worker import decode, encode
 from sweet_jax.colbench.scoring import score_answer
 from sweet_jax.files.errors import DataError
 
 BACKEND = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "colbench", "backend_test.jsonl")
-needs_bwrap = pytest.mark.skipif(sandbox.shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 ADD_TASK = {"problem_description": "add two numbers", "ground_truth": "def add(a, b):\n    return a + b",
             "test_cases": {"test1": "add(1, 2)", "test2": "add(3, 4)", "test3": "add(-1, 1)"}}

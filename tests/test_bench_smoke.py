@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from system import COLBENCH, needs_bwrap, needs_renderer
+
 from sweet_jax import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,9 +61,9 @@ def test_dpo_prefix_benchmark_runs_and_packed_equals_plain():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")),
+@pytest.mark.skipif(not os.path.exists(os.path.join(COLBENCH, "backend_test.jsonl")),
                     reason="ColBench test set not at ../shared/colbench")
-@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed")
+@needs_bwrap
 def test_backend_eval_benchmark_runs():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "backend_eval.py"), "--tasks", "20"],
                           capture_output=True, text=True, timeout=600)
@@ -86,6 +88,9 @@ def test_mfu_benchmark_runs_and_counts_the_model_flops(tmp_path):
     assert abs(r["mfu"] - r["model_tflops_per_step"] / r["step_s"] / 1.0) < 1e-9
 
 
+@needs_renderer
+@pytest.mark.skipif(not os.path.exists(os.path.join(COLBENCH, "frontend_test.jsonl")),
+                    reason="ColBench test set not at ../shared/colbench")
 def test_render_benchmark_runs():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "render.py"), "--pages", "3",
                            "--baseline-pages", "1"], capture_output=True, text=True, timeout=600)

@@ -7,20 +7,21 @@ import pytest
 
 from sweet_jax.chat.llama3 import render_text
 from sweet_jax.colbench import prompts
+from system import colbench_file
+
 from sweet_jax.colbench.env import NO_ANSWER, BackendEpisode, FrontendEpisode, split_output
 from sweet_jax.colbench.html import extract_html, rewrite_image_urls
 from sweet_jax.colbench.task_sets import load_tasks
 from sweet_jax.files.errors import DataError
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "colbench")
 TASK = {"problem_description": "Write a function. The signature of the function is: def f(x)",
         "ground_truth": "def f(x):\n    return x + 1", "test_cases": {"test1": "f(1)"}}
 
 
 # ------------------------------------------------------------------------------------------------ tasks
 def test_the_real_test_sets_load():
-    backend = load_tasks(os.path.join(SHARED, "backend_test.jsonl"), "backend")
-    frontend = load_tasks(os.path.join(SHARED, "frontend_test.jsonl"), "frontend", limit=20)
+    backend = load_tasks(colbench_file("backend_test.jsonl"), "backend")
+    frontend = load_tasks(colbench_file("frontend_test.jsonl"), "frontend", limit=20)
     assert len(backend) == 1000 and len(frontend) == 20
     assert all(len(t["test_cases"]) == 10 for t in backend)
     assert all("<html" in t["ground_truth"].lower() for t in frontend)

@@ -10,13 +10,13 @@ import time
 
 import pytest
 from fake_openai import DRAFT_PAGE, QUESTION, SIMULATOR_REPLY, FakeOpenAI
+from system import colbench_file, needs_bwrap, needs_renderer
 
 from sweet_jax.colbench.collection import collect, read_partial
 from sweet_jax.colbench.task_sets import load_tasks
 from sweet_jax.files.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASKS = os.path.join(ROOT, "..", "shared", "colbench", "backend_test.jsonl")
 CONFIG = os.path.join(ROOT, "configs", "collect_backend.py")
 
 
@@ -27,7 +27,8 @@ def _config(server_url, output, config=CONFIG, **kw):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config()
-    c.tasks, c.output, c.limit, c.rollouts, c.concurrency = TASKS, str(output), 100, 2, 32
+    c.tasks, c.output, c.limit, c.rollouts = colbench_file("backend_test.jsonl"), str(output), 100, 2
+    c.concurrency = 32
     for endpoint in (c.agent, c.simulator):
         endpoint.base_url, endpoint.model = server_url, "fake"
         endpoint.request_timeout, endpoint.backoff, endpoint.max_retries = 1.0, 0.02, 12
@@ -52,8 +53,9 @@ def _check_output(path, tasks, rollouts):
     return records
 
 
+@needs_bwrap
 def test_200_conversations_at_concurrency_32_lose_nothing_to_injected_faults(tmp_path):
-    tasks = load_tasks(TASKS, "backend", limit=100)
+    tasks = load_tasks(colbench_file("backend_test.jsonl"), "backend", limit=100)
     with FakeOpenAI(tasks, fault_rate=0.2, slow_s=2.0) as server:
         t0 = time.time()
         summary = collect(_config(server.url, tmp_path / "out.jsonl"), progress=False)
@@ -67,12 +69,13 @@ def test_200_conversations_at_concurrency_32_lose_nothing_to_injected_faults(tmp
 
 
 @pytest.mark.slow
+@needs_bwrap
 def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_path):
-    tasks = load_tasks(TASKS, "backend", limit=100)
+    tasks = load_tasks(colbench_file("backend_test.jsonl"), "backend", limit=100)
     out = tmp_path / "out.jsonl"
     partial = str(out) + ".partial"
     with FakeOpenAI(tasks, fault_rate=0.1, slow_s=2.0) as server:
-        args = [sys.executable, "-m", "sweet_jax.collect", "--config", CONFIG, f"--config.tasks={TASKS}",
+        args = [sys.executable, "-m", "sweet_jax.collect", "--config", CONFIG, f"--config.tasks={colbench_file('backend_test.jsonl')}",
                 f"--config.output={out}", "--config.limit=100", "--config.rollouts=2", "--config.concurrency=32"]
         for side in ("agent", "simulator"):
             args += [f"--config.{side}.base_url={server.url}", f"--config.{side}.model=fake",
@@ -109,8 +112,9 @@ def test_a_foreign_partial_file_is_refused_with_its_line(tmp_path):
     assert path.read_text() == '{"task_id": 0, "rollout": 0}\n'  # the torn tail is cut off
 
 
+@needs_renderer
 def test_frontend_conversations_render_pages_and_score_them(tmp_path):
-    frontend_tasks = os.path.join(ROOT, "..", "shared", "colbench", "frontend_test.jsonl")
+    frontend_tasks = colbench_file("frontend_test.jsonl")
     tasks = load_tasks(frontend_tasks, "frontend", limit=6)
     with FakeOpenAI(tasks, fault_rate=0.2, slow_s=2.0, frontend=True) as server:
         cfg = _config(server.url, tmp_path / "front.jsonl", os.path.join(ROOT, "configs", "collect_frontend.py"),

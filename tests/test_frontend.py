@@ -13,23 +13,40 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sweet_jax.colbench.render import Renderer, solid_png
+from system import colbench_file, needs_renderer, renderer_missing
+
+from sweet_jax.colbench.render import Renderer, RendererUnavailable, solid_png
 from sweet_jax.colbench.similarity import Similarity, clip_pixels, pixel_similarity, win_rate
 from sweet_jax.colbench.task_sets import load_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASKS = os.path.join(ROOT, "..", "shared", "colbench", "frontend_test.jsonl")
 
 
 @pytest.fixture(scope="module")
 def renderer():
+    if renderer_missing():
+        pytest.skip(renderer_missing())
     with Renderer() as r:
         yield r
 
 
 @pytest.fixture(scope="module")
 def tasks():
-    return load_tasks(TASKS, "frontend", limit=20)
+    return load_tasks(colbench_file("frontend_test.jsonl"), "frontend", limit=20)
+
+
+@needs_renderer
+def test_a_page_that_fails_is_none_but_a_dead_chromium_is_an_error(tmp_path, caplog):
+    with Renderer(timeout_s=0.5) as r:
+        # a page that never finishes loading: no render (the official failure), and a warning says which
+        stuck = '<html><body><img src="data:image/png;base64,AAAA"><script>while (true) {}</script></body></html>'
+        with caplog.at_level("WARNING", logger="sweet_jax.colbench.render"):
+            assert r.render(stuck, str(tmp_path / "stuck.png")) is None
+        assert "page not rendered" in caplog.text and not (tmp_path / "stuck.png").exists()
+        r._thread.submit(r._browser.close).result()  # Chromium goes away under the renderer
+        with pytest.raises(RendererUnavailable, match="died while rendering"):
+            r.render("<html><body>hi</body></html>", str(tmp_path / "after.png"))
+        assert not (tmp_path / "after.png").exists()
 
 
 def test_20_real_pages_render_offline_to_identical_screenshots_twice(renderer, tasks, tmp_path):

@@ -35,7 +35,8 @@ def parse_record(line: str, where: str) -> dict:
     return rec
 
 
-def _read(path: str) -> dict[int, dict]:
+def read_records(path: str) -> dict[int, dict]:
+    """{line number: record} of an input file, every record checked (DataError naming the line and field)."""
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     with open(path) as fh:
@@ -75,10 +76,10 @@ def evaluate_file(input_path: str, output_path: str, *, similarity: Similarity, 
     """Score `input_path` into `output_path` (resumable); returns the summary."""
     from tqdm.auto import tqdm
 
-    records = _read(input_path)
+    records = read_records(input_path)
     baseline = None
     if baseline_path:
-        baseline = list(_read(baseline_path).values())
+        baseline = list(read_records(baseline_path).values())
         missing = [i for i, r in enumerate(baseline, 1) if not isinstance(r.get("reward"), (int, float))]
         if missing:
             raise DataError(f"{baseline_path}: record {missing[0]} has no numeric 'reward': give a file this "

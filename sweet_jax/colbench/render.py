@@ -139,7 +139,8 @@ class Renderer:
         return out_path
 
     def _stop(self) -> None:
-        self._browser.close()
+        if self._browser.is_connected():
+            self._browser.close()
         self._pw.stop()
 
     # The public side.

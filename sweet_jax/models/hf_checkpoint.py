@@ -330,7 +330,7 @@ def save_hf_params(params: Params, cfg: LlamaConfig, out_dir: str | os.PathLike,
     if n > 1:
         total = sum(t.nbytes for t in tensors.values())
         write_text(os.path.join(out_dir, INDEX_FILE),
-                           json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+                   json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     hf = cfg.to_hf_dict()
     hf["torch_dtype"] = str(jnp.dtype(next(iter(tensors.values())).dtype))
     write_text(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=2))

@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 from sweet_jax.cli.app import flag
+from sweet_jax.files.atomic import atomic_directory
 from sweet_jax.models.config import ConfigError
 
 
@@ -42,6 +43,7 @@ def write_random_init(s: RandomInitSettings) -> dict:
         if cfg.tie_word_embeddings:
             raise ConfigError("--head_from_embed needs untied embeddings (tie_word_embeddings false)")
         params["lm_head"] = params["embed"].T
-    save_hf_params(params, cfg, s.output)
-    chat.find_tokenizer(chat_format=family_of(cfg).chat_format).save_pretrained(s.output)
+    with atomic_directory(s.output) as tmp:  # a killed job leaves no half-written model
+        save_hf_params(params, cfg, tmp)
+        chat.find_tokenizer(chat_format=family_of(cfg).chat_format).save_pretrained(tmp)
     return {"output": s.output, "params": sum(x.size for x in jax.tree.leaves(abstract_params(cfg)))}

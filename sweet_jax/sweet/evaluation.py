@@ -31,10 +31,11 @@ def evaluate(s: EvaluateSettings) -> dict:
         from sweet_jax.colbench.backend_eval import evaluate_file
 
         return evaluate_file(s.input, s.output, semantics=s.semantics, workers=s.workers)
-    from sweet_jax.colbench.frontend_eval import evaluate_file
+    from sweet_jax.colbench.frontend_eval import evaluate_file, read_records
     from sweet_jax.colbench.render import Renderer
     from sweet_jax.colbench.similarity import Similarity
 
+    read_records(s.input)  # bad input is reported before Chromium or CLIP start
     if s.clip:
         from sweet_jax.models.clip import image_embedder
 

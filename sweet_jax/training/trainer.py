@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ from sweet_jax import chat
 from sweet_jax.data import packing
 from sweet_jax.data.batching import batch_lengths, collate
 from sweet_jax.data.buckets import default_buckets
-from sweet_jax.files.atomic import atomic_file, write_json, write_text
+from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json, write_text
 from sweet_jax.training import steps as obj
 from sweet_jax.training import partitioning, splits
 from sweet_jax.training.optim import make_optimizer
@@ -433,9 +434,13 @@ def run(cfg) -> dict:
         writer.close()
     if cfg.train.export_hf:
         out = os.path.join(run_dir, "hf")
-        models.save_hf_params(state["params"], model_cfg, out, dtype=cfg.train.export_dtype or None, write=leader)
+        # every process gathers each tensor in turn; process 0 writes, into a directory that appears whole
+        with atomic_directory(out) if leader else contextlib.nullcontext(out) as target:
+            models.save_hf_params(state["params"], model_cfg, target, dtype=cfg.train.export_dtype or None,
+                                  write=leader)
+            if leader:
+                tokenizer.save_pretrained(target)
         if leader:
-            tokenizer.save_pretrained(out)
             log.info("exported HF checkpoint to %s", out)
     result = {
         "objective": cfg.objective, "steps": total_steps, "updates": total_steps // accumulation,
