@@ -8,6 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from system import needs_bwrap
 
 from sweet_jax import models
 from sweet_jax.colbench import synthetic
@@ -85,6 +86,7 @@ def test_rank_refuses_a_malformed_sampled_file(files, tmp_path):
     assert proc.returncode == 2 and f"{bad}:1: field 'ground_truth': missing" in proc.stderr
 
 
+@needs_bwrap
 def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(files, tmp_path):
     """`evaluate` (Figure 3a): every turn of a judge's episode takes the highest-scored of the state's first N
     candidates, random choice takes the first, N = 1 is the same for every selector, the table is the mean of the

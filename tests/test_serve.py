@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
+from system import needs_bwrap
 
 from sweet_jax import models
 from sweet_jax.chat import load_tokenizer
@@ -158,6 +159,7 @@ def test_malformed_requests_get_4xx_and_the_server_stays_up(server, body, status
     assert server["proc"].poll() is None
 
 
+@needs_bwrap
 def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_path):
     """The embedded default: sweet_jax.serve is both endpoints of a ColBench collection (completions for the agent,
     chat for the simulator)."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from fake_openai import FakeOpenAI
+from system import needs_bwrap
 
 from sweet_jax.colbench.task_writer import parse_reply, signature
 from sweet_jax.colbench.task_sets import load_tasks
@@ -32,6 +33,7 @@ REPLIES = [
 ]
 
 
+@needs_bwrap
 def test_generate_keeps_only_tasks_whose_ground_truth_passes_its_own_tests(tmp_path):
     src = tmp_path / "excerpts.jsonl"
     src.write_text("".join(json.dumps({"text": f"excerpt-{i} about floors"}) + "\n" for i in range(6)))
