@@ -5,8 +5,8 @@
         [--dry-run] -- python -m sweet_jax.train --config configs/critic_8b.py --config.mesh.fsdp=-1
 
 It writes an sbatch script (under --script-dir) and submits it with `sbatch`; `--dry-run` prints the script instead.
-In the job, every task gets what `sweet_jax.parallel.distributed.initialize` reads: JAX_COORDINATOR_ADDRESS (the first node of
-the allocation, port --port), JAX_NUM_PROCESSES ($SLURM_NTASKS) and JAX_PROCESS_ID ($SLURM_PROCID). `srun
+In the job, every task gets what `sweet_jax.parallel.distributed.initialize` reads: JAX_COORDINATOR_ADDRESS (the
+first node of the allocation, port --port), JAX_NUM_PROCESSES ($SLURM_NTASKS) and JAX_PROCESS_ID ($SLURM_PROCID). `srun
 --kill-on-bad-exit` ends the whole step when one task fails. The job is requeued on preemption or node failure and
 the trainer resumes from its last checkpoint, so a requeued job loses at most `train.checkpoint_every` steps.
 """

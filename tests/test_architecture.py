@@ -74,7 +74,8 @@ def _layer(module: str) -> int:
 
 
 def test_the_top_level_holds_commands_only():
-    top = sorted(m.split(".")[1] for m in MODULES if m.count(".") == 1 and not os.path.isdir(os.path.join(PKG, m.split(".")[1])))
+    top = sorted(m.split(".")[1] for m in MODULES
+                 if m.count(".") == 1 and not os.path.isdir(os.path.join(PKG, m.split(".")[1])))
     assert top == sorted(COMMANDS)
     for name in COMMANDS:
         src = open(os.path.join(PKG, f"{name}.py")).read()

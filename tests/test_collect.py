@@ -75,8 +75,9 @@ def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_p
     out = tmp_path / "out.jsonl"
     partial = str(out) + ".partial"
     with FakeOpenAI(tasks, fault_rate=0.1, slow_s=2.0) as server:
-        args = [sys.executable, "-m", "sweet_jax.collect", "--config", CONFIG, f"--config.tasks={colbench_file('backend_test.jsonl')}",
-                f"--config.output={out}", "--config.limit=100", "--config.rollouts=2", "--config.concurrency=32"]
+        args = [sys.executable, "-m", "sweet_jax.collect", "--config", CONFIG,
+                f"--config.tasks={colbench_file('backend_test.jsonl')}", f"--config.output={out}", "--config.limit=100",
+                "--config.rollouts=2", "--config.concurrency=32"]
         for side in ("agent", "simulator"):
             args += [f"--config.{side}.base_url={server.url}", f"--config.{side}.model=fake",
                      f"--config.{side}.request_timeout=1.0", f"--config.{side}.backoff=0.02"]

@@ -1,6 +1,6 @@
-"""The judges of `sweet_jax.sweet.judges` against full-sequence references: each scores, on the shared-prefix cache, exactly
-what its model sees when the whole text is tokenised and run at once (for the score heads, the text their training
-examples have)."""
+"""The judges of `sweet_jax.sweet.judges` against full-sequence references: each scores, on the shared-prefix cache,
+exactly what its model sees when the whole text is tokenised and run at once (for the score heads, the text their
+training examples have)."""
 
 import random
 

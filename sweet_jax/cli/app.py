@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 
@@ -67,10 +68,14 @@ def _fields(cls) -> list[tuple[dataclasses.Field, object]]:
 
 def _base(tp) -> type:
     """str | None -> str; list[str] -> list."""
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _base(args[0])
     return typing.get_origin(tp) or tp
+
+
+def _default(f: dataclasses.Field):
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def define_settings(cls, flag_values: flags.FlagValues = FLAGS) -> None:
@@ -80,7 +85,7 @@ def define_settings(cls, flag_values: flags.FlagValues = FLAGS) -> None:
         m, base = f.metadata, _base(tp)
         if m["positional"]:
             continue
-        default = None if m["required"] else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        default = None if m["required"] else _default(f)
         kw = dict(flag_values=flag_values, module_name=module)
         if base is bool:
             flags.DEFINE_boolean(f.name, default, m["help"], **kw)
@@ -130,8 +135,7 @@ def command_line(module: str, settings=None, *, subcommand: str | None = None, c
             if f.metadata["positional"]:
                 positional += list(value)
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if value == default and not f.metadata["required"]:
+            if value == _default(f) and not f.metadata["required"]:
                 continue
             if _base(tp) is bool:
                 args.append(f"--{f.name}" if value else f"--no{f.name}")

@@ -10,8 +10,9 @@ For each record (a trajectory, or any JSON object with `task` and `answer`):
    sandboxes from plain data, compare equal with Python `==` (an exception while comparing fails the test);
 5. reward = passed / tests, success = (reward == 1).
 
-Semantics: "reference" reproduces the official exec/eval namespace quirk (separate globals and locals); "clean" runs the code as an ordinary module namespace. The ground-truth results of a task are computed once per
-(code, calls, semantics) and reused by its other rollouts.
+Semantics: "reference" reproduces the official exec/eval namespace quirk (separate globals and locals); "clean" runs
+the code as an ordinary module namespace. The ground-truth results of a task are computed once per (code, calls,
+semantics) and reused by its other rollouts.
 
 `evaluate_file` scores a JSONL file with a worker pool, appends finished records to `OUT.partial` (so a killed run
 resumes where it stopped), and renames the complete, input-ordered file to OUT at the end.

@@ -37,7 +37,7 @@ from sweet_jax.files.atomic import atomic_file
 log = logging.getLogger("sweet_jax.colbench.render")
 
 TAILWIND_VERSION = "2.2.19"
-# sha256 of the npm package's dist/tailwind.min.css: the renderer checks its copy, and launch/setup.sh reads it from here
+# sha256 of the npm package's dist/tailwind.min.css: the renderer checks its copy; launch/setup.sh reads it here
 TAILWIND_SHA256 = "b6ad97402eddb903e7a5d7a73ee47a679204efbdda4521a391cbad9df509b932"
 VIEWPORT = (1366, 768)
 PLACEHOLDER_RGB = (160, 160, 160)

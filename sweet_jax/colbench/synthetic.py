@@ -35,7 +35,8 @@ OPS = {"*": ("scales a number", "multiply it"), "+": ("shifts a number", "add to
        "-": ("lowers a number", "subtract from it")}
 NAMES = ("adjust", "convert", "rescale", "update", "transform", "compute_value", "apply_rule", "get_amount",
          "calc_total", "fix_reading", "normalize_score", "final_price")
-# Two-digit constants are single tokens of the default chat format's tokenizer and never occur in the chat template's date line (2023, 26, 2024).
+# Two-digit constants are single tokens of the default chat format's tokenizer and never occur in the chat
+# template's date line (2023, 26, 2024).
 CONSTANTS = (11, 13, 17, 19, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
 TEST_INPUTS = (0, 1, 2, 3, 4, 5, 7, 10, 12, 100)
 QUESTIONS = ("What should the function do to the number?", "Should it add, subtract or multiply?",

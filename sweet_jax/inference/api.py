@@ -2,14 +2,16 @@
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
 
-- Chat completions accept `messages` (string contents, or lists of text parts), which are rendered in the model's chat
-  format (`Engine.chat`). Supported: n, temperature, top_p, top_k (a vLLM extension), max_tokens / max_completion_tokens,
-  stop (strings), logprobs, seed and stream (server-sent events sent while the batch decodes: new text every
-  `Engine.stream_segment` decode steps, held back only where it could still become a stop string).
+- Chat completions accept `messages` (string contents, or lists of text parts), which are rendered in the model's
+  chat format (`Engine.chat`). Supported: n, temperature, top_p, top_k (a vLLM extension), max_tokens /
+  max_completion_tokens, stop (strings), logprobs, seed and stream (server-sent events sent while the batch
+  decodes: new text every `Engine.stream_segment` decode steps, held back only where it could still become a stop
+  string).
 - Completions accept a prompt string or a list of token ids. Supported: n, temperature, top_p, top_k, max_tokens
   (0 with `echo` scores the prompt only), stop, logprobs, echo and seed.
-- Generation ends at the chat format's end-of-turn token or the model's EOS, which are not part of the returned text. A stop string cuts the
-  text before its first occurrence (finish_reason "stop"), and the token log-probs are cut with it.
+- Generation ends at the chat format's end-of-turn token or the model's EOS, which are not part of the returned
+  text. A stop string cuts the text before its first occurrence (finish_reason "stop"), and the token log-probs are
+  cut with it.
 - A malformed request gets a 400 with an OpenAI-style error body; the server keeps serving.
 """
 

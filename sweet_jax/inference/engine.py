@@ -4,8 +4,8 @@
   of the new tokens of each sample, delivered every `stream_segment` decode steps while the batch is still decoding.
   A background task gathers the requests that arrive within `batch_wait_s` (up to `max_batch` prompts), groups them
   by their sample count n, pads each group to a power-of-two batch (so few shapes are compiled), and runs them on a
-  worker thread. Each prompt keeps its own sampling settings and seed (see `sweet_jax.inference.sampling`). A request's error
-  is raised to that request alone.
+  worker thread. Each prompt keeps its own sampling settings and seed (see `inference.sampling`). A request's
+  error is raised to that request alone.
 - `Engine.prompt_logprobs(ids)`: log p(token_i | tokens before it) for a prompt, for `echo` + `logprobs` scoring.
 - One lock serialises device work, so generation and scoring never run at the same time.
 """
@@ -24,6 +24,7 @@ import numpy as np
 
 from sweet_jax import chat, models
 from sweet_jax.inference.sampling import Sample, SamplingParams, add_deltas, generate_stream
+from sweet_jax.objectives import token_logprobs
 
 log = logging.getLogger("sweet_jax.serve")
 
@@ -153,9 +154,8 @@ class Engine:
 
     # ------------------------------------------------------------------ prompt scoring
     def _score_fn(self, params, tokens, segment_ids):
-        logits = models.forward(params, self.cfg, tokens, segment_ids=segment_ids)
-        lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-        return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+        # chunked over tokens, from the hidden states: no [1, T, V] logits
+        return token_logprobs(params, self.cfg, tokens, segment_ids=segment_ids)[:, 1:]
 
     def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
         """[None, log p(ids[1] | ids[:1]), ...] (the first token has no prediction)."""

@@ -121,8 +121,8 @@ def _logits(params, cfg, hidden):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "n"))
-def _prefill(params, cfg: models.ModelConfig, tokens, pad, keys, temperature, top_p, top_k, limit, stop, *, max_new: int,
-             n: int) -> dict:
+def _prefill(params, cfg: models.ModelConfig, tokens, pad, keys, temperature, top_p, top_k, limit, stop, *,
+             max_new: int, n: int) -> dict:
     """tokens [B, P] left-padded (pad[b] leading pads), per-prompt keys and settings [B] -> the decode state of
     B*n rows after the prompts: the KV cache, the next logits, and empty outputs `out` / `lps` [B*n, max_new]. Row
     b*n + j is sample j of prompt b; it draws from fold_in(keys[b], j), so a prompt's samples do not depend on the

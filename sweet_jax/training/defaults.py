@@ -70,10 +70,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.micro_batch_size = 1
     c.optim.freeze = ""  # comma-separated top-level parameters that stay fixed (no gradient, no Adam state): "embed"
 
-    # The device mesh (sweet_jax.parallel.sharding): one size may be -1, inferred from the device count. Batches split over
+    # The device mesh (parallel.sharding): one size may be -1, inferred from the device count. Batches split over
     # data x fsdp, so a micro-batch must have a multiple of that many sequences (a pair is two).
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-    # Overrides of the logical-axis rules table (sweet_jax.parallel.sharding.DEFAULT_RULES), "name=axis,...". With a tensor
+    # Overrides of the logical-axis rules table (parallel.sharding.DEFAULT_RULES), "name=axis,...". With a tensor
     # axis, "act_seq=tensor" also splits the residual stream's sequence over it (Megatron sequence parallelism),
     # dividing the activations kept for the backward pass by the tensor size.
     c.mesh.rules = ""

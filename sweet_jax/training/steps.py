@@ -6,8 +6,9 @@ Objectives (config `objective`):
   rejected trajectories (the information prefix is in the text).
 - "dpo":    DPO on (policy - frozen reference) with an optional NLL term (SWEET actor, multi-turn DPO).
 - "sft":    token-mean NLL over the score mask (rejection fine-tuning).
-- "reward": the regression-head critic ablation: a scalar head on the last hidden state (`models.ModelConfig.score_head`),
-            the trajectory's reward the mean of its per-token values over all its tokens, pairwise
+- "reward": the regression-head critic ablation: a scalar head on the last hidden state
+            (`ModelConfig.score_head`), the trajectory's reward the mean of its per-token values over all its tokens,
+            pairwise
             -log sigmoid(r_chosen - r_rejected).
 - "value":  the value-function critic ablation: the same head read at the last token as the logit of P(success),
             binary cross-entropy against `label` (each turn prefix labelled with its trajectory's success).
