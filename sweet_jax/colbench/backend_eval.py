@@ -30,10 +30,10 @@ import threading
 from sweet_jax.colbench import sandbox
 from sweet_jax.colbench.sandbox_worker import decode
 from sweet_jax.colbench.scoring import extract_code, vetoed
-from sweet_jax.files.jsonl import parse_object
-from sweet_jax.files.partial import PartialFile
 from sweet_jax.data.trajectories import task_key
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.jsonl import parse_object
+from sweet_jax.files.partial import PartialFile
 
 SEMANTICS = {"reference": "official", "clean": "clean"}
 TEST_TIMEOUT_S = 1.0

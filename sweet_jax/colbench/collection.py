@@ -28,9 +28,9 @@ import time
 from sweet_jax.colbench.client import LLMClient, png_data_url
 from sweet_jax.colbench.env import BackendEpisode, FrontendEpisode
 from sweet_jax.colbench.rollout import AgentSampling, SimulatorSampling, run_episode
-from sweet_jax.files.partial import PartialFile
 from sweet_jax.colbench.task_sets import load_tasks
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.partial import PartialFile
 
 log = logging.getLogger("sweet_jax.collect")
 

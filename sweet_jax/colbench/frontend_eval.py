@@ -19,10 +19,10 @@ import hashlib
 import os
 
 from sweet_jax.colbench.similarity import Similarity, win_rate
-from sweet_jax.files.jsonl import parse_object
-from sweet_jax.files.partial import PartialFile
 from sweet_jax.data.trajectories import task_key
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.jsonl import parse_object
+from sweet_jax.files.partial import PartialFile
 
 
 def parse_record(line: str, where: str) -> dict:

@@ -22,8 +22,8 @@ import os
 import random
 
 from sweet_jax.chat import get_format
-from sweet_jax.files.jsonl import write_jsonl
 from sweet_jax.colbench.scoring import score_answer
+from sweet_jax.files.jsonl import write_jsonl
 
 SYSTEM_PROMPT = (
     "You are a helpful LLM agent. The user's request is personalised, so ask short clarifying questions about "

@@ -10,7 +10,6 @@ import numpy as np
 from sweet_jax.data.buckets import bucket_length
 from sweet_jax.data.examples import Example
 
-
 NLL_SPANS = ("score", "response", "all")
 
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.data.buckets import round_up
 from sweet_jax import models
+from sweet_jax.data.buckets import round_up
 from sweet_jax.objectives.logprobs import logprobs_from_hidden
 
 

@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.data.buckets import bucket_length, round_up
 from sweet_jax import models
+from sweet_jax.data.buckets import bucket_length, round_up
 
 MAX_STOP_TOKENS = 8
 

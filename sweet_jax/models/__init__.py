@@ -15,20 +15,9 @@ from sweet_jax.models.attention import attention, attention_mask
 from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, RopeScaling
 from sweet_jax.models.families import FAMILIES, ModelFamily, config_from_pretrained, family, family_of, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params
-from sweet_jax.models.llama import (
-    Params,
-    abstract_params,
-    forward,
-    forward_cached,
-    forward_hidden,
-    init_cache,
-    init_params,
-    lm_head_weight,
-    param_logical_axes,
-    param_shapes,
-    token_values,
-    unstack_layers,
-)
+from sweet_jax.models.llama import (Params, abstract_params, forward, forward_cached, forward_hidden, init_cache,
+                                    init_params, lm_head_weight, param_logical_axes, param_shapes, token_values,
+                                    unstack_layers)
 from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
 
 ModelConfig = LlamaConfig  # the config type of the families implemented so far

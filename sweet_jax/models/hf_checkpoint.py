@@ -22,10 +22,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from sweet_jax.files.atomic import atomic_file, write_text
-from sweet_jax.parallel.distributed import to_host
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.families import config_from_pretrained, family_of
 from sweet_jax.models.llama import Params
+from sweet_jax.parallel.distributed import to_host
 
 log = logging.getLogger(__name__)
 

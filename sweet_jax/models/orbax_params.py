@@ -13,7 +13,6 @@ import jax
 import orbax.checkpoint as ocp
 
 
-
 def save_params(path: str | os.PathLike, params, *, force: bool = False) -> None:
     """Save a pytree of arrays to `path` (an absent directory; `force=True` overwrites). Blocks until written."""
     path = os.path.abspath(os.fspath(path))

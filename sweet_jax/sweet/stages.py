@@ -284,10 +284,9 @@ def stage_data(run: Run) -> dict:
     out = run.path("data", "train_trajectories.jsonl")
     d = run.cfg.data
     if d.source == "synthetic":
-        from sweet_jax.colbench import synthetic
-
         import random
 
+        from sweet_jax.colbench import synthetic
         from sweet_jax.files.jsonl import write_jsonl
 
         s = d.synthetic

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import models
-from sweet_jax.parallel import sharding
 from sweet_jax.data.buckets import bucket_length
 from sweet_jax.data.packing import pair_buckets
+from sweet_jax.parallel import sharding
 from sweet_jax.training import steps as obj
 from sweet_jax.training.optim import make_optimizer
 from sweet_jax.training.partitioning import Layout

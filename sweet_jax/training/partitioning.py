@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sweet_jax.parallel import sharding
 from sweet_jax import models
+from sweet_jax.parallel import sharding
 from sweet_jax.training import steps as obj
 
 

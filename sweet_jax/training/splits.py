@@ -8,11 +8,11 @@ import math
 import os
 
 from sweet_jax.colbench import synthetic
-from sweet_jax.files.jsonl import write_jsonl
 from sweet_jax.data import pairs as pairs_lib
 from sweet_jax.data.examples import Example, ExampleBuilder
 from sweet_jax.data.trajectories import ReadStats, read_trajectories
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.jsonl import write_jsonl
 
 log = logging.getLogger(__name__)
 

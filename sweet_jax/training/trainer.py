@@ -27,15 +27,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sweet_jax import models
-from sweet_jax.parallel import distributed, sharding
-from sweet_jax import chat
+from sweet_jax import chat, models
 from sweet_jax.data import packing
 from sweet_jax.data.batching import batch_lengths, collate
 from sweet_jax.data.buckets import default_buckets
 from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json, write_text
-from sweet_jax.training import steps as obj
+from sweet_jax.parallel import distributed, sharding
 from sweet_jax.training import partitioning, splits
+from sweet_jax.training import steps as obj
 from sweet_jax.training.optim import make_optimizer
 
 log = logging.getLogger("sweet_jax.train")
