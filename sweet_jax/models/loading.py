@@ -70,8 +70,6 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
     import ml_collections
     import orbax.checkpoint as ocp
 
-    from sweet_jax.models.llama import abstract_params
-
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
         with open(os.path.join(path, "config.json")) as fh:
             run = ml_collections.ConfigDict(json.load(fh))
@@ -81,7 +79,7 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
         step = manager.latest_step()
         if step is None:
             raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
-        abstract = {"params": abstract_params(cfg)}
+        abstract = {"params": llama.abstract_params(cfg)}
         params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
         log.info("loaded %s step %d", path, step)
         tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None

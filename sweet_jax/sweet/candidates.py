@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sweet_jax.chat import DEFAULT_FORMAT
+from sweet_jax.chat import DEFAULT_FORMAT, get_format
 from sweet_jax.cli.app import flag
 
 DTYPES = ("float32", "bfloat16")
@@ -167,11 +167,10 @@ def rank(s: RankSettings) -> dict:
 
 
 def pairs(s: PairsSettings) -> dict:
-    from sweet_jax import chat
     from sweet_jax.data.pairs import ranked_candidate_pairs, read_ranked_file
     from sweet_jax.files.jsonl import write_jsonl
 
-    eot = chat.get_format(s.chat_format).eot
+    eot = get_format(s.chat_format).eot
     records, sources = read_ranked_file(s.input)
     drawn = ranked_candidate_pairs(records, s.num_pairs, s.seed, sources)
     if s.no_prompt:

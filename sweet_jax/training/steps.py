@@ -30,11 +30,12 @@ import jax.numpy as jnp
 import optax
 
 from sweet_jax import models, objectives
+from sweet_jax.models.loading import SCORE_HEAD_OBJECTIVES
 
 OBJECTIVES = ("critic", "dpo", "sft", "reward", "value")
 PAIRED = ("critic", "dpo", "reward")  # objectives trained on (chosen, rejected) pairs
 WITH_REFERENCE = ("critic", "dpo")  # objectives that score against a frozen reference
-SCORE_HEAD = ("reward", "value")  # objectives of a model with a scalar score head instead of the LM head
+SCORE_HEAD = SCORE_HEAD_OBJECTIVES  # objectives of a model with a scalar score head instead of the LM head
 MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
 PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed pair batches only
 
