@@ -32,7 +32,8 @@ def worker_jax(args) -> dict:
     import jax
 
     from sweet_jax import models
-    from sweet_jax.inference.sampling import SamplingParams, generate
+    from sweet_jax.inference.sampling import SamplingParams
+    from sweet_jax.inference.scheduler import generate
 
     cfg = models.LlamaConfig.from_pretrained(args.ckpt)
     params = models.llama.unstack_layers(models.load_hf_params(args.ckpt, cfg))  # the inference layout, as served

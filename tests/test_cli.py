@@ -31,7 +31,7 @@ EXAMPLES = [
     PairsSettings(input="/r.jsonl", output="/p.jsonl", num_pairs=2, seed=7, no_prompt=True),
     SelectionSettings(policy="/p", simulator="/s", tasks="/t.jsonl", output="/o.json", ns="1,4",
                       judge=["SWEET critic, sum=/c:sum", "value function=/v:value"], repeats=2, seed=3),
-    ServeSettings(model="/m", port=9001, dtype="float32", batch_wait_ms=2.5, max_batch=8),
+    ServeSettings(model="/m", port=9001, dtype="float32", mesh="data=2,tensor=4", max_batch=8),
     EvaluateSettings(task_type="frontend", input="/i.jsonl", output="/o.jsonl", clip="/clip", workers=3),
     TaskGenerationSettings(source="/x.jsonl", output="/t.jsonl", model="gen", limit=5, temperature=0.5),
     RandomInitSettings(output="/o", seed=3, std=0.1, overrides='{"hidden_size": 32}', head_from_embed=True),

@@ -1,6 +1,5 @@
 """KV-cache generation against the model's own forward pass."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,8 @@ import pytest
 from scipy import stats
 
 from sweet_jax import models
-from sweet_jax.inference.sampling import Sample, SamplingParams, generate, generate_stream
+from sweet_jax.inference.sampling import Sample, SamplingParams
+from sweet_jax.inference.scheduler import generate, generate_stream
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
@@ -137,15 +137,26 @@ def test_two_level_categorical_draws_from_the_softmax():
 
 def test_prompts_of_nearby_lengths_share_one_compiled_shape(params):
     """Lengths round up to open-ended buckets (16 x {1, 1.5} x 2^k): a server meeting prompts of every length
-    compiles O(log n) programs, not one per length (the earlier buckets ended at the longest prompt itself)."""
-    from sweet_jax.inference.sampling import _decode, _prefill
+    compiles O(log n) programs, not one per length."""
+    from sweet_jax.inference.slots import slot_programs
 
     sp = SamplingParams(temperature=0.0, max_tokens=5)
     generate(params, CFG, [list(range(1, 200))], sp)
-    sizes = _prefill._cache_size(), _decode._cache_size()
-    for length in (193, 230, 256):
+    before = slot_programs.cache_info().currsize
+    for length in (193, 230, 250):
         generate(params, CFG, [list(range(1, length + 1))], sp)
-    assert (_prefill._cache_size(), _decode._cache_size()) == sizes
+    assert slot_programs.cache_info().currsize == before  # one (slots, context) shape
+    (programs,) = [p for p in _cached_programs() if p.context == 256 and p.slots == 1]
+    assert len(programs._admit) == 1 and len(programs._decode) == 1
+
+
+def _cached_programs():
+    """The SlotPrograms alive in slot_programs' cache."""
+    import gc
+
+    from sweet_jax.inference.slots import SlotPrograms
+
+    return [o for o in gc.get_objects() if isinstance(o, SlotPrograms)]
 
 
 def test_bad_sampling_parameters_are_refused():
@@ -170,20 +181,16 @@ def test_decoding_copies_neither_the_weights_nor_the_cache():
     """The compiled decode segment's temporaries do not grow with the layers or the cache: it reads the per-layer
     weights and updates the donated cache in place. (Slicing layers out of stacked weights was measured copying all
     of them; slicing a stacked cache copied it at every step.)"""
-    from sweet_jax.inference.sampling import _decode, _prefill
+    from sweet_jax.inference.placement import Placement
+    from sweet_jax.inference.slots import SlotPrograms
 
     def temp_bytes(layers, cache_len):
         cfg = models.LlamaConfig.preset("tiny", vocab_size=32000, hidden_size=512, intermediate_size=2048,
                                         num_layers=layers, num_heads=8, num_kv_heads=2)
+        progs = SlotPrograms(cfg, Placement.build(), slots=8, context=cache_len)
         params = jax.eval_shape(models.llama.unstack_layers, models.abstract_params(cfg))
-        b = 4
-        state = jax.eval_shape(
-            functools.partial(_prefill, cfg=cfg, max_new=cache_len // 2, n=2), params,
-            tokens=jax.ShapeDtypeStruct((b, cache_len // 2), jnp.int32), pad=jax.ShapeDtypeStruct((b,), jnp.int32),
-            keys=jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)), temperature=jnp.ones(b),
-            top_p=jnp.ones(b), top_k=jnp.zeros(b, jnp.int32), limit=jnp.full(b, 64, jnp.int32),
-            stop=jnp.full(8, -1, jnp.int32))
-        compiled = _decode.lower(params, cfg, state, jnp.int32(64)).compile()
+        state = jax.eval_shape(progs._zeros)
+        compiled = progs.decode_program(16, cache_len).lower(params, state).compile()
         nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
         return compiled.memory_analysis().temp_size_in_bytes, nbytes(params["layers"]), nbytes(state["cache"])
 

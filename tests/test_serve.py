@@ -242,23 +242,23 @@ def test_text_fed_in_any_chunks_equals_the_whole_decoded_text(stops):
 
 
 def test_engine_streams_while_the_batch_is_still_decoding(monkeypatch):
-    """Deltas reach the request while decoding goes on: the decoder pauses after its first segment until the
+    """Deltas reach the request while decoding goes on: the scheduler pauses after its first segment until the
     consumer has received that segment's delta (if deltas only arrived after generation, it would wait in vain)."""
     import threading
 
     from sweet_jax.inference import engine as engine_mod
+    from sweet_jax.inference.scheduler import Scheduler
 
     received = threading.Event()
     paused_in_time = []
-    real = engine_mod.generate_stream
+    real = Scheduler.step
 
-    def paused(*args, **kwargs):
-        for i, deltas in enumerate(real(*args, **kwargs)):
-            yield deltas
-            if i == 0:
-                paused_in_time.append(received.wait(timeout=60))
+    def paused(self):
+        real(self)
+        if not paused_in_time:
+            paused_in_time.append(received.wait(timeout=60))
 
-    monkeypatch.setattr(engine_mod, "generate_stream", paused)
+    monkeypatch.setattr(Scheduler, "step", paused)
     params = models.init_params(CFG, jax.random.key(0), std=0.1)
     tok = load_tokenizer(bundled_llama3_tokenizer_dir())
     eng = engine_mod.Engine(params, CFG, tok, stream_segment=4)

@@ -1,19 +1,18 @@
-"""The serving engine: a model, its tokenizer, and a queue that batches concurrent requests into `generate` calls.
+"""The serving engine: a placed model, its tokenizer, and a continuously batching scheduler on a worker thread.
 
 - `Engine.generate(...)` is awaited by each request; `Engine.stream(...)` is its incremental twin, an async iterator
-  of the new tokens of each sample, delivered every `stream_segment` decode steps while the batch is still decoding.
-  A background task gathers the requests that arrive within `batch_wait_s` (up to `max_batch` prompts), groups them
-  by their sample count n, pads each group to a power-of-two batch (so few shapes are compiled), and runs them on a
-  worker thread. Each prompt keeps its own sampling settings and seed (see `inference.sampling`). A request's
-  error is raised to that request alone.
+  of the new tokens of each sample, delivered every `stream_segment` decode steps.
+- Requests join the running batch between decode segments (`inference.scheduler`): a short request sent while a
+  long one decodes starts at once and finishes first. A finished sample frees its slot at once; a stream whose client
+  goes away frees its slots at the next segment. Each request keeps its own sampling settings and seed, and its
+  results do not depend on what else runs. A request's error is raised to that request alone.
 - `Engine.prompt_logprobs(ids)`: log p(token_i | tokens before it) for a prompt, for `echo` + `logprobs` scoring.
-- One lock serialises device work, so generation and scoring never run at the same time.
+- One lock serialises device work, so decode segments and scoring never run at the same time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -23,134 +22,111 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import chat, models
-from sweet_jax.inference.sampling import Sample, SamplingParams, add_deltas, generate_stream
+from sweet_jax.data.buckets import round_up
+from sweet_jax.inference.placement import Placement
+from sweet_jax.inference.sampling import Sample, SamplingParams
+from sweet_jax.inference.scheduler import Job, Scheduler
 from sweet_jax.objectives import token_logprobs
 
 log = logging.getLogger("sweet_jax.serve")
 
 
-@dataclasses.dataclass
-class _Request:
-    prompt: list[int]
-    sampling: SamplingParams
-    n: int
-    seed: int
-    future: asyncio.Future | None = None  # a whole-result request
-    deltas: asyncio.Queue | None = None  # a streaming request: lists of per-sample deltas, then None or an error
-    loop: asyncio.AbstractEventLoop | None = None
-
-    def deliver(self, item) -> None:
-        """From the worker thread: a streaming request's next delta (or its end / error)."""
-        self.loop.call_soon_threadsafe(self.deltas.put_nowait, item)
-
-    def finish(self, result: list[Sample] | None = None, error: Exception | None = None) -> None:
-        if self.deltas is not None:
-            self.deliver(error)  # None marks the end
-        elif self.future.done():
-            pass
-        elif error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(result)
-
-
 class Engine:
     def __init__(self, params, cfg: models.ModelConfig, tokenizer, *, chat_format: str | None = None,
-                 model_name: str = "sweet_jax", max_batch: int = 64, batch_wait_s: float = 0.01,
-                 max_model_len: int = 8192, stream_segment: int = 8):
-        # the inference layout (per-layer arrays); the caller should drop its stacked params to hold one copy
-        self.params, self.cfg, self.tokenizer = models.unstack_layers(params), cfg, tokenizer
+                 model_name: str = "sweet_jax", max_batch: int = 64, max_model_len: int = 8192,
+                 stream_segment: int = 8, placement: Placement | None = None):
+        self.placement = placement or Placement.build()
         self.chat = chat.get_format(chat_format or models.family_of(cfg).chat_format)
+        self.scheduler = Scheduler(params, cfg, self.placement, slots=max_batch, context=max_model_len,
+                                   segment=stream_segment)
+        # the placed weights (inference layout); the caller should drop its own to hold one copy
+        self.params, self.cfg, self.tokenizer = self.scheduler.params, self.scheduler.cfg, tokenizer
         self.model_name = model_name
-        self.max_batch, self.batch_wait_s, self.max_model_len = max_batch, batch_wait_s, max_model_len
-        self.stream_segment = stream_segment
+        self.max_batch, self.max_model_len, self.stream_segment = max_batch, max_model_len, stream_segment
         eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
         eot = self.chat.tokenized(tokenizer).eot_id
         self.stop_tokens = tuple(sorted({t for t in (*eos, eot) if isinstance(t, int) and t >= 0}))
         self.device_lock = threading.Lock()
-        self._queue: asyncio.Queue | None = None
-        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
         self._score = jax.jit(self._score_fn)
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ the scheduler's thread
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._batch_loop())
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="sweet_jax-scheduler", daemon=True)
+            self._thread.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        self._stopping = True
+        self.scheduler.wakeup.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
 
-    def _request(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int, *, stream: bool):
-        if len(prompt) + sampling.max_tokens > self.max_model_len:
-            raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
-                             f"maximum context of {self.max_model_len} tokens")
-        loop = asyncio.get_running_loop()
-        sampling = dataclasses.replace(sampling, stop_tokens=self.stop_tokens)
-        if stream:
-            return _Request(prompt, sampling, n, seed, deltas=asyncio.Queue(), loop=loop)
-        return _Request(prompt, sampling, n, seed, future=loop.create_future(), loop=loop)
+    def _loop(self) -> None:
+        sched = self.scheduler
+        while not self._stopping:
+            if not sched.busy:
+                sched.wakeup.wait(0.5)
+                sched.wakeup.clear()
+                continue
+            try:
+                with self.device_lock:
+                    sched.step()
+            except Exception:  # the scheduler has failed the requests it held; keep serving
+                log.exception("decode step failed")
+
+    # ------------------------------------------------------------------ generation
+    def _sampling(self, sampling: SamplingParams, prompt: list[int], n: int) -> SamplingParams:
+        sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                  max_tokens=sampling.max_tokens, stop_tokens=self.stop_tokens)
+        self.scheduler.check(prompt, sampling, n)
+        return sampling
 
     async def generate(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> list[Sample]:
-        request = self._request(prompt, sampling, n, seed, stream=False)
-        await self._queue.put(request)
-        return await request.future
+        sampling = self._sampling(sampling, prompt, n)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(results, error):
+            def settle():
+                if not future.done():
+                    future.set_exception(error) if error is not None else future.set_result(results)
+            loop.call_soon_threadsafe(settle)
+
+        job = Job(list(prompt), sampling, n, seed, on_done=done)
+        self.scheduler.submit(job)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            self.scheduler.cancel(job)
+            raise
 
     def stream(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> AsyncIterator[list[Sample]]:
-        """The n samples' new tokens as they are decoded: lists of n deltas (see `generate_stream`). A request that
-        cannot be served raises ValueError here, before anything is queued."""
-        request = self._request(prompt, sampling, n, seed, stream=True)
+        """The n samples' new tokens as they are decoded: lists of n deltas. A request that cannot be served raises
+        ValueError here, before anything is queued. Closing the iterator early (a client that went away) frees the
+        request's slots."""
+        sampling = self._sampling(sampling, prompt, n)
 
         async def deltas():
-            await self._queue.put(request)
-            while (item := await request.deltas.get()) is not None:
-                if isinstance(item, Exception):
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+            put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+            job = Job(list(prompt), sampling, n, seed, on_delta=put,
+                      on_done=lambda _, error: put(error or StopAsyncIteration()))
+            self.scheduler.submit(job)
+            try:
+                while not isinstance(item := await queue.get(), BaseException):
+                    yield item
+                if not isinstance(item, StopAsyncIteration):
                     raise item
-                yield item
+            finally:
+                if job.pending or not job.slots:
+                    self.scheduler.cancel(job)
 
         return deltas()
-
-    async def _batch_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + self.batch_wait_s
-            while len(batch) < self.max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
-                except asyncio.TimeoutError:
-                    break
-            groups: dict[int, list[_Request]] = {}
-            for r in batch:
-                groups.setdefault(r.n, []).append(r)
-            for n, reqs in groups.items():
-                try:
-                    results = await asyncio.to_thread(self._run, reqs, n)
-                except Exception as e:  # a failure of the whole group reaches each of its requests
-                    for r in reqs:
-                        r.finish(error=e)
-                    continue
-                for r, res in zip(reqs, results):
-                    r.finish(res)
-
-    def _run(self, reqs: list[_Request], n: int) -> list[list[Sample]]:
-        """On the worker thread: decode the group, passing each segment's deltas to its streaming requests."""
-        size = 1 << (len(reqs) - 1).bit_length()  # a power of two: few compiled shapes
-        padded = reqs + [reqs[0]] * (size - len(reqs))
-        streaming = any(r.deltas is not None for r in reqs)
-        results = [[Sample([], [], None) for _ in range(n)] for _ in reqs]
-        with self.device_lock:
-            for deltas in generate_stream(self.params, self.cfg, [r.prompt for r in padded],
-                                          [r.sampling for r in padded], n=n, seed=[r.seed for r in padded],
-                                          segment=self.stream_segment if streaming else 1 << 30):
-                add_deltas(results, deltas)
-                for r, drow in zip(reqs, deltas):
-                    if r.deltas is not None and any(d.tokens or d.finish_reason for d in drow):
-                        r.deliver(drow)
-        return results
 
     # ------------------------------------------------------------------ prompt scoring
     def _score_fn(self, params, tokens, segment_ids):
@@ -161,13 +137,11 @@ class Engine:
         """[None, log p(ids[1] | ids[:1]), ...] (the first token has no prediction)."""
         if len(ids) > self.max_model_len:
             raise ValueError(f"the prompt ({len(ids)} tokens) exceeds the maximum context of {self.max_model_len}")
-        from sweet_jax.data.buckets import round_up
-
         length = round_up(len(ids))
         tokens = np.zeros((1, length), np.int32)
         tokens[0, :len(ids)] = ids
         seg = np.zeros((1, length), np.int32)
         seg[0, :len(ids)] = 1
-        with self.device_lock:
+        with self.device_lock, self.placement.active():
             lp = np.asarray(self._score(self.params, jnp.asarray(tokens), jnp.asarray(seg)))[0]
         return [None] + lp[:len(ids) - 1].astype(float).tolist()

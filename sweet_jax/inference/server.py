@@ -1,6 +1,6 @@
 """Serving a model over the OpenAI API (`python -m sweet_jax.serve`): load it (an HF directory, or a training run's
-latest Orbax checkpoint), build the batching `Engine`, and run the `api` app under uvicorn. `ServeSettings` is the
-command's flags."""
+latest Orbax checkpoint) straight onto the mesh of `--mesh` (weights in bf16 on accelerators), build the
+continuously batching `Engine`, and run the `api` app under uvicorn. `ServeSettings` is the command's flags."""
 
 from __future__ import annotations
 
@@ -22,28 +22,30 @@ class ServeSettings:
     port: int = flag(8000, help="the port to listen on")
     dtype: str | None = flag(None, choices=("float32", "bfloat16"),
                              help="compute dtype (default: bfloat16 on an accelerator, float32 on CPU)")
-    max_model_len: int = flag(8192, help="prompt + generated tokens, at most")
-    max_batch: int = flag(64, help="prompts batched into one generate call, at most")
-    batch_wait_ms: float = flag(10.0, help="how long a batch waits for more requests")
-    stream_segment: int = flag(8, help="decode steps between the chunks of a streamed response")
+    mesh: str | None = flag(None, help="device mesh, e.g. data=2,tensor=4 (the `plan` syntax); default one device")
+    max_model_len: int = flag(4096, help="prompt + generated tokens of one sample, at most (its KV-cache row)")
+    max_batch: int = flag(16, help="decode slots: samples decoding at once (KV cache = slots x max_model_len)")
+    stream_segment: int = flag(8, help="decode steps between scheduling rounds (new requests join, streams get "
+                                       "their next chunk)")
 
 
 def serve(s: ServeSettings) -> None:
     """Load the model and serve it until the process is stopped."""
-    import jax
     import uvicorn
 
     from sweet_jax import models
     from sweet_jax.inference.api import create_app
     from sweet_jax.inference.engine import Engine
+    from sweet_jax.inference.placement import Placement, compute_dtype
 
-    dtype = s.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-    loaded = models.load_model(s.model, dtype, inference_layout=True)
+    placement = Placement.build(s.mesh)
+    loaded = models.load_model(s.model, compute_dtype(s.dtype), inference_layout=True,
+                               shardings=placement.stacked_shardings)
     engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=loaded.chat_format,
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
-                    max_batch=s.max_batch, batch_wait_s=s.batch_wait_ms / 1000,
-                    max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
-                    stream_segment=s.stream_segment)
+                    max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
+                    stream_segment=s.stream_segment, placement=placement)
     del loaded  # the engine holds the params
-    log.info("serving %s on http://%s:%d/v1", s.model, s.host, s.port)
+    log.info("serving %s on http://%s:%d/v1 (%s, %d slots x %d tokens)", s.model, s.host, s.port,
+             placement.describe(), engine.max_batch, engine.max_model_len)
     uvicorn.run(create_app(engine), host=s.host, port=s.port, log_level="warning")

@@ -15,8 +15,9 @@ from sweet_jax.models.attention import attention, attention_mask
 from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, RopeScaling
 from sweet_jax.models.families import FAMILIES, ModelFamily, config_from_pretrained, family, family_of, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params
-from sweet_jax.models.llama import (Params, abstract_params, forward, forward_cached, forward_hidden, init_cache,
-                                    init_params, lm_head_weight, param_logical_axes, param_shapes, token_values,
+from sweet_jax.models.llama import (Params, abstract_params, cache_logical_axes, forward, forward_cached,
+                                    forward_hidden, forward_on_prefix, inference_logical_axes, init_cache, init_params,
+                                    lm_head_weight, param_logical_axes, param_shapes, repeat_kv_heads, token_values,
                                     unstack_layers)
 from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
 
@@ -25,7 +26,8 @@ ModelConfig = LlamaConfig  # the config type of the families implemented so far
 __all__ = [
     "FAMILIES", "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "LoadedModel", "ModelConfig",
     "ModelFamily", "ModelLoadError", "Params", "RopeScaling", "abstract_params", "attention", "attention_mask",
-    "config_from_pretrained", "family", "family_of", "forward", "forward_cached", "forward_hidden", "init_cache",
-    "init_params", "lm_head_weight", "load_hf_params", "load_model", "model_config", "param_logical_axes",
-    "param_shapes", "preset", "save_hf_params", "token_values", "unstack_layers",
+    "cache_logical_axes", "config_from_pretrained", "family", "family_of", "forward", "forward_cached",
+    "forward_hidden", "forward_on_prefix", "inference_logical_axes", "init_cache", "init_params", "lm_head_weight",
+    "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
+    "repeat_kv_heads", "save_hf_params", "token_values", "unstack_layers",
 ]

@@ -38,7 +38,8 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
     """Boolean mask [B, 1, T, S]: True where query t may attend key s.
 
     Query t sits at key index q_offset + t; by default the queries are the last T of the S keys (T == S for a
-    full forward). Branch ids [B, T] / [B, S] (both or neither): see the module docstring.
+    full forward). q_offset may be one index per row [B]. Branch ids [B, T] / [B, S] (both or neither): see the
+    module docstring.
     """
     t, s = q_segment_ids.shape[1], kv_segment_ids.shape[1]
     mask = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
@@ -48,8 +49,11 @@ def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, caus
         kb = kv_branch_ids[:, None, :]
         mask = mask & ((kb == 0) | (q_branch_ids[:, :, None] == kb))
     if causal:
-        q_idx = jnp.arange(t)[:, None] + (s - t if q_offset is None else q_offset)
-        mask = mask & (q_idx >= jnp.arange(s)[None, :])[None]
+        offset = jnp.asarray(s - t if q_offset is None else q_offset)
+        if offset.ndim:  # one offset per row (a slot-based KV cache: each row writes at its own length)
+            offset = offset[:, None, None]
+        q_idx = jnp.arange(t)[None, :, None] + offset
+        mask = mask & (q_idx >= jnp.arange(s)[None, None, :])
     return mask[:, None]
 
 
@@ -225,7 +229,8 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
 
 def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_offset, impl: str = "auto"):
     """Attention of T new queries q [B,T,N,H] over a KV cache k/v [B,K,S,H] (the cache's layout: each (row, kv
-    head) block of keys is contiguous), where query 0 sits at key index `q_offset`. Returns [B,T,N,H].
+    head) block of keys is contiguous), where query 0 sits at key index `q_offset` (a scalar, or one per row [B] for
+a single query per row). Returns [B,T,N,H].
 
     One query per row (decoding) is computed here straight from that layout: both products are plain batched
     matmuls with no transposes, which XLA:CPU measured twice as fast as the [B,S,K,H] layout. Longer query blocks
@@ -233,6 +238,8 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
     and dispatches to the fused kernels."""
     b, t, n, h = q.shape
     kv = k_cache.shape[1]
+    if t > 1 and jnp.ndim(q_offset):
+        raise ValueError("per-row cache offsets take one new query per row")
     if t > 1:
         return attention(q, k_cache.swapaxes(1, 2), v_cache.swapaxes(1, 2), q_segment_ids, kv_segment_ids,
                          impl=impl, q_offset=q_offset)
@@ -242,6 +249,48 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
     scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
     return jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(b, 1, n, h).astype(q.dtype)
+
+
+def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, segment_ids, *, block: int = 2048):
+    """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (cache layout: prefix_k/v [1,K,P,H],
+    prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v [N,C,K,H] (causal within the row,
+    segment ids [N,C]). Returns [N,C,Nq,H].
+
+    The prefix is never copied per row: the N*C*G queries of a KV head meet its P prefix keys in one matrix product.
+    Long prefixes are taken in blocks of `block` keys with a running (max, sum) softmax, so the temporaries stay
+    O(N C Nq block)."""
+    n, c, nq, h = q.shape
+    kv = k.shape[2]
+    scale = h ** -0.5
+    f32, neg = jnp.float32, jnp.finfo(jnp.float32).min
+    qg = q.reshape(n, c, kv, nq // kv, h)
+    own = jnp.einsum("ncxgh,nsxh->nxgcs", qg, k, preferred_element_type=f32) * scale
+    mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tri(c, dtype=bool)[None]
+    own = jnp.where(mask[:, None, None], own, neg)
+    m = own.max(-1)
+    p_own = jnp.exp(own - m[..., None])
+    total, out = p_own.sum(-1), jnp.einsum("nxgcs,nsxh->nxgch", p_own.astype(v.dtype), v, preferred_element_type=f32)
+
+    p = prefix_k.shape[2]
+    size = next((b for b in (block, block // 2, block // 4) if p % b == 0), p) if p > block else p
+
+    def add_block(carry, blk):
+        m, total, out = carry
+        kb, vb, segb = blk  # [K, b, H], [K, b, H], [b]
+        sc = jnp.einsum("ncxgh,xph->nxgcp", qg, kb, preferred_element_type=f32) * scale
+        sc = jnp.where(segb[None, None, None, None] > 0, sc, neg)
+        m_new = jnp.maximum(m, sc.max(-1))
+        pb = jnp.exp(sc - m_new[..., None])
+        rescale = jnp.exp(m - m_new)
+        out = out * rescale[..., None] + jnp.einsum("nxgcp,xph->nxgch", pb.astype(vb.dtype), vb,
+                                                    preferred_element_type=f32)
+        return (m_new, total * rescale + pb.sum(-1), out), None
+
+    nb = p // size
+    kb, vb = (x[0].reshape(kv, nb, size, h).swapaxes(0, 1) for x in (prefix_k, prefix_v))  # [nb, K, size, H]
+    (m, total, out), _ = jax.lax.scan(add_block, (m, total, out), (kb, vb, prefix_segment_ids[0].reshape(nb, size)))
+    out = out / total[..., None]  # [N, K, G, C, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(n, c, nq, h).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- splash (TPU)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from sweet_jax.models.attention import attention, cached_attention
+from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
 from sweet_jax.parallel.sharding import constrain
@@ -154,9 +154,13 @@ _REMAT = {
 }
 
 
-def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None, branch_ids=None):
+def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None, branch_ids=None, *,
+                   window: int | None = None, prefix=None):
     """One layer. With `kv` = (k_cache [B,K,S,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
-    written into the cache at `index` and the queries attend over the whole cache; returns (x, (k_cache, v_cache))."""
+    written into the cache at `index` (a slot for every row, or one per row [B]) and the queries attend over the
+    cache (its first `window` slots when given); returns (x, (k_cache, v_cache)). With `prefix` = (k [1,K,P,H], v,
+    segment_ids [1,P]) instead, the rows attend over that one shared prefix, never copied, and then causally over
+    their own tokens; returns x."""
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
@@ -166,16 +170,21 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-    if kv is None:
+    if prefix is not None:
+        a = prefix_shared_attention(q, *prefix, k, v, segment_ids)
+    elif kv is None:
         a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
                       kv_branch_ids=branch_ids)
     else:
         k_cache, v_cache, kv_segment_ids, index = kv
-        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index, axis=2)
-        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, axis=2)
-        a = cached_attention(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
+        k_cache = _write_cache(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index)
+        v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index)
+        kc, vc = k_cache, v_cache
+        if window is not None and window < k_cache.shape[2]:  # the slots in use: attention reads no more
+            kc, vc, kv_segment_ids = kc[:, :, :window], vc[:, :, :window], kv_segment_ids[:, :window]
+        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
                              impl=cfg.attention_impl)
-    if kv is None:
+    if kv is None and prefix is None:
         x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
     else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
         b, t, n, hd = a.shape
@@ -188,6 +197,13 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     return x if kv is None else (x, (k_cache, v_cache))
+
+
+def _write_cache(cache, new, index):
+    """new [B, K, T, H] into cache [B, K, S, H] at slot `index` (shared) or at index[b] for row b."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis=2)
+    return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x, i, axis=1))(cache, new, index)
 
 
 def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids, branch_ids=None):
@@ -253,7 +269,7 @@ def unstack_layers(params: Params) -> Params:
 def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
     """An empty KV cache for `batch` rows of `size` positions: per-layer tuples k, v of [B, K, S, H] arrays (the
     layout decode attention reads without transposes) and segment_ids [B, S] (0 = empty, never attended to by a real
-    token). Every array has the batch first."""
+    token). Every array has the batch first; `cache_logical_axes` names the dimensions."""
     shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     layers = range(cfg.num_layers)
@@ -261,27 +277,79 @@ def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
             "segment_ids": jnp.zeros((batch, size), jnp.int32)}
 
 
-def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index):
+def cache_logical_axes(cfg: LlamaConfig) -> dict:
+    """Logical axis names of every `init_cache` array (`parallel.sharding`): rows over the batch axes, KV heads over
+    the tensor axis, like the weights that write them."""
+    kv = ("batch", "kv_heads", "cache_seq", "head_dim")
+    return {"k": (kv,) * cfg.num_layers, "v": (kv,) * cfg.num_layers, "segment_ids": ("batch", "cache_seq")}
+
+
+def inference_logical_axes(cfg: LlamaConfig) -> Params:
+    """`param_logical_axes` for the inference layout (`unstack_layers`): a tuple of per-layer name trees."""
+    axes = param_logical_axes(cfg)
+    layer = {name: names[1:] for name, names in axes["layers"].items()}
+    return {**axes, "layers": tuple(dict(layer) for _ in range(cfg.num_layers))}
+
+
+def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Params, LlamaConfig]:
+    """Each KV head repeated `times` times in a row (query head n still reads original KV head n // (N / K)): the
+    same model, with K * times KV heads, so that a tensor axis wider than K can split them (and the KV cache) instead
+    of replicating all of them on every shard. Either layout of `params`."""
+    if times == 1:
+        return params, cfg
+    if cfg.num_heads % (cfg.num_kv_heads * times):
+        raise ValueError(f"{cfg.num_kv_heads} KV heads x {times} does not divide {cfg.num_heads} query heads")
+
+    def rep(layer):
+        axis = layer["wk"].ndim - 2  # [.., D, K, H]
+        return {**layer, "wk": jnp.repeat(layer["wk"], times, axis=axis),
+                "wv": jnp.repeat(layer["wv"], times, axis=axis)}
+
+    layers = params["layers"]
+    layers = tuple(rep(x) for x in layers) if isinstance(layers, (tuple, list)) else rep(layers)
+    return {**params, "layers": layers}, cfg.replace(num_kv_heads=cfg.num_kv_heads * times)
+
+
+def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index, *,
+                   window: int | None = None):
     """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
-    index .. index + T - 1 (the same slots for every row; rows are left-padded to line up). Returns (final hidden
-    states [B, T, D], updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads.
+    index .. index + T - 1: the same slots for every row (rows left-padded to line up), or, for one token per row,
+    slot index[b] for row b (a slot-based cache whose rows have their own lengths). Attention reads the first
+    `window` cache slots when given (a static bound on every row's length). Returns (final hidden states [B, T, D],
+    updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads.
     `params` must be in the inference layout (`unstack_layers`): the layers run one after the other, each updating
     its own cache arrays in place."""
     if not isinstance(params["layers"], (tuple, list)):
         raise ValueError("forward_cached takes params in the inference layout: pass llama.unstack_layers(params)")
     dt = jnp.dtype(cfg.compute_dtype)
-    kv_segment_ids = jax.lax.dynamic_update_slice_in_dim(cache["segment_ids"], segment_ids.astype(jnp.int32),
-                                                         index, axis=1)
+    kv_segment_ids = _write_cache(cache["segment_ids"][:, None, :, None], segment_ids.astype(jnp.int32)[:, None, :,
+                                  None], index)[:, 0, :, 0]
     x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    x = constrain(x, ("batch", "act_seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
     ks, vs = [], []
     for layer, k_cache, v_cache in zip(params["layers"], cache["k"], cache["v"], strict=True):
         x, (k_cache, v_cache) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
-                                               (k_cache, v_cache, kv_segment_ids, index))
+                                               (k_cache, v_cache, kv_segment_ids, index), window=window)
         ks.append(k_cache)
         vs.append(v_cache)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
     return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": kv_segment_ids}
+
+
+def forward_on_prefix(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, prefix_cache: dict):
+    """Run N continuations [N, C] (segment_ids 1 on real tokens) on top of one shared prefix, a batch-1 cache of
+    `forward_cached`: every row attends over the prefix's cached keys (segment id > 0) and causally over its own
+    tokens. The prefix cache is read by all rows, never copied per row. Returns the final hidden states [N, C, D]."""
+    if not isinstance(params["layers"], (tuple, list)):
+        raise ValueError("forward_on_prefix takes params in the inference layout: pass llama.unstack_layers(params)")
+    dt = jnp.dtype(cfg.compute_dtype)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    cos, sin = rope_tables(cfg, positions)
+    pseg = prefix_cache["segment_ids"]
+    for layer, pk, pv in zip(params["layers"], prefix_cache["k"], prefix_cache["v"], strict=True):
+        x = _decoder_layer(cfg, x, layer, cos, sin, segment_ids, prefix=(pk.astype(dt), pv.astype(dt), pseg))
+    return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
 
 
 def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:

@@ -63,10 +63,13 @@ class LoadedModel(NamedTuple):
         return chat.find_tokenizer(override, self.tokenizer_dir, chat_format=self.chat_format)
 
 
-def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = False) -> LoadedModel:
+def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = False,
+               shardings=None) -> LoadedModel:
     """The model at `path`: an HF checkpoint directory, or a training run directory of `sweet_jax.train` (its latest
     Orbax checkpoint; only the params are restored). `dtype` is the compute dtype; `inference_layout` returns the
-    params unstacked, per layer (`models.unstack_layers`)."""
+    params unstacked, per layer (`models.unstack_layers`), and stored in the compute dtype (bf16 weights for a bf16
+    server). `shardings(cfg)` (for example `inference.placement.Placement.stacked_shardings`) gives the shardings of
+    the stacked params: each array is then read straight onto its devices."""
     import ml_collections
     import orbax.checkpoint as ocp
 
@@ -75,17 +78,21 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
             run = ml_collections.ConfigDict(json.load(fh))
         score_head = run.get("objective", "") in SCORE_HEAD_OBJECTIVES
         cfg = model_config(run.model, score_head=score_head).replace(compute_dtype=dtype)
+        if inference_layout:
+            cfg = cfg.replace(param_dtype=dtype)
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
         step = manager.latest_step()
         if step is None:
             raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
-        abstract = {"params": llama.abstract_params(cfg)}
+        abstract = {"params": llama.abstract_params(cfg, shardings(cfg) if shardings else None)}
         params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
         log.info("loaded %s step %d", path, step)
         tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
     elif os.path.exists(os.path.join(path, "config.json")):
         cfg = config_from_pretrained(path, compute_dtype=dtype)
-        params = load_hf_params(path, cfg)
+        if inference_layout:
+            cfg = cfg.replace(param_dtype=dtype)
+        params = load_hf_params(path, cfg, dtype=cfg.param_dtype, shardings=shardings(cfg) if shardings else None)
         tokenizer = path if chat.has_tokenizer(path) else None
     else:
         raise ModelLoadError(f"{path}: neither an HF checkpoint directory (config.json + *.safetensors) nor a "

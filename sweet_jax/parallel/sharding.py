@@ -32,6 +32,7 @@ DEFAULT_RULES: Rules = (
     ("mlp", "tensor"),
     ("layers", None),
     ("norm", None),
+    ("cache_seq", None),  # the KV cache's positions
 )
 
 def parse_rules(text: str, base: Rules = DEFAULT_RULES) -> Rules:
@@ -50,6 +51,37 @@ def parse_rules(text: str, base: Rules = DEFAULT_RULES) -> Rules:
 
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("sweet_jax_mesh", default=None)
+
+
+def parse_mesh(text: str | None, config_mesh: dict | None = None, devices: int | None = None) -> tuple[dict, int]:
+    """({axis: size}, device count) from "data=2,tensor=4"-style text (the `--mesh` flag of the commands that run
+    on a mesh; missing axes are 1), else from `config_mesh` (a job config's mesh). One size may be -1: the rest of
+    `devices`."""
+    if text:
+        sizes = dict.fromkeys(MESH_AXES, 1)
+        for part in text.split(","):
+            name, _, value = part.partition("=")
+            name = name.strip()
+            if name not in MESH_AXES or not value.strip().lstrip("-").isdigit():
+                raise ValueError(f"--mesh {text!r}: expected comma-separated axis=size with axes {MESH_AXES}, "
+                                 f"e.g. data=2,tensor=4 or fsdp=8")
+            sizes[name] = int(value)
+    else:
+        sizes = {a: int((config_mesh or {}).get(a, 1)) for a in MESH_AXES}
+    if any(s == 0 or s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise ValueError(f"mesh {sizes}: sizes must be positive, with at most one -1")
+    known = 1
+    for s in sizes.values():
+        known *= s if s != -1 else 1
+    if -1 in sizes.values():
+        if devices is None:
+            raise ValueError(f"mesh {sizes} has a -1: give --devices N, or name every size in --mesh")
+        if devices % known:
+            raise ValueError(f"{devices} devices do not divide into mesh {sizes}")
+        sizes = {a: (devices // known if s == -1 else s) for a, s in sizes.items()}
+    elif devices is not None and devices != known:
+        raise ValueError(f"mesh {sizes} has {known} devices, but --devices={devices}")
+    return sizes, sizes["data"] * sizes["fsdp"] * sizes["tensor"]
 
 
 def make_mesh(shape: dict[str, int] | Sequence[int], devices=None) -> Mesh:

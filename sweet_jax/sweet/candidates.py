@@ -112,7 +112,8 @@ def sample(s: SampleSettings) -> dict:
     from tqdm.auto import tqdm
 
     from sweet_jax import chat, models
-    from sweet_jax.inference.sampling import SamplingParams, generate
+    from sweet_jax.inference.sampling import SamplingParams
+    from sweet_jax.inference.scheduler import generate
 
     states = states_of(s.input, s.data_fraction)
     loaded = models.load_model(s.model, s.dtype, inference_layout=True)

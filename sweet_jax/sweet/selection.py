@@ -95,7 +95,8 @@ def evaluate(s: SelectionSettings) -> dict:
     from sweet_jax.files.atomic import write_json
     from sweet_jax.files.jsonl import read_jsonl, write_jsonl
     from sweet_jax.files.partial import PartialFile
-    from sweet_jax.inference.sampling import SamplingParams, generate
+    from sweet_jax.inference.sampling import SamplingParams
+    from sweet_jax.inference.scheduler import generate
     from sweet_jax.sweet.judges import Judge, shared_model
 
     tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth", "test_cases"))

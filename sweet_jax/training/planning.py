@@ -4,40 +4,19 @@ devices first."""
 
 from __future__ import annotations
 
-AXES = ("data", "fsdp", "tensor")
-
-
 class PlanError(ValueError):
     pass
 
 
 def parse_mesh(text: str | None, config_mesh: dict, devices: int | None) -> tuple[dict, int]:
-    """({axis: size}, device count) from "fsdp=8"-style text (or the config's mesh)."""
-    if text:
-        sizes = dict.fromkeys(AXES, 1)
-        for part in text.split(","):
-            name, _, value = part.partition("=")
-            name = name.strip()
-            if name not in AXES or not value.strip().lstrip("-").isdigit():
-                raise PlanError(f"--mesh {text!r}: expected comma-separated axis=size with axes {AXES}, "
-                                f"e.g. fsdp=8 or data=2,fsdp=4")
-            sizes[name] = int(value)
-    else:
-        sizes = {a: int(config_mesh[a]) for a in AXES}
-    if any(s == 0 or s < -1 for s in sizes.values()) or list(sizes.values()).count(-1) > 1:
-        raise PlanError(f"mesh {sizes}: sizes must be positive, with at most one -1")
-    known = 1
-    for s in sizes.values():
-        known *= s if s != -1 else 1
-    if -1 in sizes.values():
-        if devices is None:
-            raise PlanError(f"mesh {sizes} has a -1: give --devices N, or name every size in --mesh")
-        if devices % known:
-            raise PlanError(f"{devices} devices do not divide into mesh {sizes}")
-        sizes = {a: (devices // known if s == -1 else s) for a, s in sizes.items()}
-    elif devices is not None and devices != known:
-        raise PlanError(f"mesh {sizes} has {known} devices, but --devices={devices}")
-    return sizes, sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    """({axis: size}, device count) from "fsdp=8"-style text (or the config's mesh): `parallel.sharding.parse_mesh`,
+    its errors as PlanError."""
+    from sweet_jax.parallel import sharding
+
+    try:
+        return sharding.parse_mesh(text, config_mesh, devices)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
 
 
 def _gib(x: float) -> str:

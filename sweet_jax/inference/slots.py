@@ -1,0 +1,208 @@
+"""Continuous batching on the device: a fixed set of decode slots, each holding one sample's KV-cache row, and the
+jitted programs that fill, run and free them (`SlotPrograms`). `inference.scheduler` decides what goes where.
+
+    progs = slot_programs(cfg, placement, slots=64, context=8192)   # compiled once per shape, cached
+    state = progs.new_state()
+    state = progs.admit(params, state, prompt_ids, slots=[3, 4], seed=7, sampling=SamplingParams(...))
+    state, tokens, logprobs = progs.decode(params, state, steps=16, window=1024)   # [slots, 16] each, -1 = none
+    state = progs.release(state, [3])
+
+- A slot's row of the cache holds its prompt at positions 0 .. len - 1 and its generated tokens after it; its RoPE
+  positions are its cache positions. Every row writes at its own length, so rows of any lengths decode together, and
+  a request joins between two decode segments without waiting for the others.
+- `admit` runs one prompt's prefill (batch 1, the prompt right-padded to a length bucket) and writes its cache into
+  the n slots of its n samples: the samples share one prefill. Sample j draws from fold_in(key(seed), j) and its step
+  i from fold_in(that, i), so a sample's tokens depend on its prompt, settings and seed only: not on the slot it lands
+  in, nor on what else is decoding.
+- `decode` runs `steps` decode steps for every slot (idle slots compute on a dummy token and write nothing that is
+  read). Attention reads the first `window` cache positions only (a static bound on the active lengths, chosen by the
+  scheduler), so a short batch does not pay for the whole context.
+- Every program is jitted with explicit shardings for its inputs and outputs (weights by the rules table, the state's
+  rows over `data` and its KV heads over `tensor`), and the state is donated: the cache is updated in place.
+- A slot ends at its first stop token (kept in its tokens, as vLLM does with EOS), after its max_tokens, or when its
+  row of the cache is full.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sweet_jax import models
+from sweet_jax.inference.placement import Placement
+from sweet_jax.inference.sampling import MAX_STOP_TOKENS, SamplingParams, sample_logits
+
+
+def lm_logits(params, cfg, hidden):
+    """Next-token logits [B, V] (float32) from final hidden states [B, D]."""
+    w = models.lm_head_weight(params, cfg).astype(hidden.dtype)
+    return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
+
+
+def _state_names(cfg) -> dict:
+    row, rows2 = ("batch",), ("batch", None)
+    return {"cache": models.cache_logical_axes(cfg), "length": row, "logits": rows2, "key": rows2, "count": row,
+            "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row}
+
+
+class SlotPrograms:
+    """The programs of one (placed model config, mesh, slot count, context) shape; see the module docstring. Use
+    `slot_programs`, which caches them: jit compiles each program once per static shape."""
+
+    def __init__(self, cfg, placement: Placement, slots: int, context: int):
+        if slots % placement.data:
+            raise ValueError(f"{slots} decode slots do not split over data={placement.data}")
+        self.cfg, self.placement, self.slots, self.context = cfg, placement, slots, context
+        abstract_state = jax.eval_shape(self._zeros)
+        self.state_shardings = placement.shardings(_state_names(cfg), abstract_state)
+        abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
+        self.param_shardings = placement.param_shardings(abstract_params, cfg)
+        self._replicated = placement.sharding((), ())
+        self._new = jax.jit(self._zeros, out_shardings=self.state_shardings)
+        self._admit: dict = {}
+        self._decode: dict = {}
+        self._release = jax.jit(self._release_fn, donate_argnums=0,
+                                in_shardings=(self.state_shardings, self._replicated),
+                                out_shardings=self.state_shardings)
+
+    # ------------------------------------------------------------------ state
+    def _zeros(self) -> dict:
+        b, cfg = self.slots, self.cfg
+        f32, i32 = jnp.float32, jnp.int32
+        return {"cache": models.init_cache(cfg, b, self.context), "length": jnp.zeros(b, i32),
+                "logits": jnp.zeros((b, cfg.vocab_size), f32), "key": jnp.zeros((b, 2), jnp.uint32),
+                "count": jnp.zeros(b, i32), "limit": jnp.zeros(b, i32), "temperature": jnp.zeros(b, f32),
+                "top_p": jnp.ones(b, f32), "top_k": jnp.zeros(b, i32),
+                "stop": jnp.full((b, MAX_STOP_TOKENS), -1, i32), "active": jnp.zeros(b, bool)}
+
+    def new_state(self) -> dict:
+        """Every slot free, on the mesh."""
+        with self.placement.active():
+            return self._new()
+
+    # ------------------------------------------------------------------ admit
+    def prompt_bucket(self, length: int) -> int:
+        from sweet_jax.data.buckets import round_up
+
+        return min(round_up(length), self.context)
+
+    def admit(self, params, state: dict, prompt: list[int], slots: list[int], seed: int,
+              sampling: SamplingParams, first_sample: int = 0) -> dict:
+        """Prefill `prompt` once into the free `slots` (one per sample), with its settings and seed. The samples are
+        numbered from `first_sample` (a request split over several admissions draws as if it were one)."""
+        if not prompt or len(prompt) >= self.context:
+            raise ValueError(f"a prompt of {len(prompt)} tokens does not fit a {self.context}-position cache")
+        if len(sampling.stop_tokens) > MAX_STOP_TOKENS:
+            raise ValueError(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(sampling.stop_tokens)}")
+        p, n = self.prompt_bucket(len(prompt)), len(slots)
+        fn = self.admit_program(p, n)
+        tokens = np.zeros(p, np.int32)
+        tokens[:len(prompt)] = prompt
+        stop = np.full(MAX_STOP_TOKENS, -1, np.int32)
+        stop[:len(sampling.stop_tokens)] = sampling.stop_tokens
+        args = (tokens, np.int32(len(prompt)), np.asarray(slots, np.int32), np.uint32(seed & 0xFFFFFFFF),
+                np.float32(sampling.temperature), np.float32(sampling.top_p), np.int32(sampling.top_k),
+                np.int32(sampling.max_tokens), stop, np.int32(first_sample))
+        with self.placement.active():
+            return fn(params, state, *args)
+
+    def admit_program(self, p: int, n: int):
+        """The jitted prefill of a prompt bucket `p` into n slots: (params, state, tokens [p], length, slots [n], seed,
+        temperature, top_p, top_k, max_tokens, stop [MAX_STOP_TOKENS], first_sample) -> state."""
+        fn = self._admit.get((p, n))
+        if fn is None:
+            rep = self._replicated
+            fn = self._admit[(p, n)] = jax.jit(
+                functools.partial(self._admit_fn, p=p), donate_argnums=1,
+                in_shardings=(self.param_shardings, self.state_shardings) + (rep,) * 10,
+                out_shardings=self.state_shardings)
+        return fn
+
+    def _admit_fn(self, params, state, tokens, length, slots, seed, temperature, top_p, top_k, limit, stop, first, *,
+                  p):
+        cfg, n = self.cfg, slots.shape[0]
+        seg = (jnp.arange(p) < length).astype(jnp.int32)[None]
+        small = models.init_cache(cfg, 1, p)
+        hidden, small = models.forward_cached(params, cfg, tokens[None], jnp.arange(p)[None], seg, small, 0)
+        logits = lm_logits(params, cfg, jax.lax.dynamic_index_in_dim(hidden[0], length - 1, keepdims=True))
+        cache = state["cache"]
+        put = lambda full, part: full.at[slots, :, :p].set(  # noqa: E731
+            jnp.broadcast_to(part, (n, *part.shape[1:])).astype(full.dtype))
+        row_seg = jnp.zeros((n, self.context), jnp.int32).at[:, :p].set(jnp.broadcast_to(seg, (n, p)))
+        cache = {"k": tuple(put(f, s) for f, s in zip(cache["k"], small["k"])),
+                 "v": tuple(put(f, s) for f, s in zip(cache["v"], small["v"])),
+                 "segment_ids": cache["segment_ids"].at[slots].set(row_seg)}
+        keys = jax.vmap(lambda j: jax.random.key_data(jax.random.fold_in(jax.random.key(seed), j)))(
+            first + jnp.arange(n))
+        fill = lambda name, value: state[name].at[slots].set(value)  # noqa: E731
+        return {"cache": cache, "length": fill("length", length), "key": fill("key", keys),
+                "logits": fill("logits", jnp.broadcast_to(logits, (n, logits.shape[-1]))),
+                "count": fill("count", 0), "limit": fill("limit", limit),
+                "temperature": fill("temperature", temperature),
+                "top_p": fill("top_p", top_p), "top_k": fill("top_k", top_k),
+                "stop": fill("stop", jnp.broadcast_to(stop, (n, stop.shape[0]))), "active": fill("active", True)}
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, params, state: dict, steps: int, window: int | None = None):
+        """Up to `steps` decode steps for every active slot (fewer if all end) -> (state, tokens [slots, steps],
+        logprobs [slots, steps]); a slot's new tokens are its entries != -1, in order."""
+        window = self.context if window is None else min(window, self.context)
+        with self.placement.active():
+            return self.decode_program(steps, window)(params, state)
+
+    def decode_program(self, steps: int, window: int):
+        """The jitted decode segment: (params, state) -> (state, tokens [slots, steps], logprobs [slots, steps])."""
+        fn = self._decode.get((steps, window))
+        if fn is None:
+            out = self.placement.sharding(("batch", None), (self.slots, steps))
+            fn = self._decode[(steps, window)] = jax.jit(
+                functools.partial(self._decode_fn, steps=steps, window=window), donate_argnums=1,
+                in_shardings=(self.param_shardings, self.state_shardings),
+                out_shardings=(self.state_shardings, out, out))
+        return fn
+
+    def _decode_fn(self, params, state, *, steps: int, window: int):
+        cfg, b, context = self.cfg, self.slots, self.context
+
+        def step(carry):
+            st, out, lps, s = carry
+            act = st["active"]
+            keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.wrap_key_data(k), i))(st["key"], st["count"])
+            logits = st["logits"]
+            tok = sample_logits(logits, keys, st["temperature"], st["top_p"], st["top_k"]).astype(jnp.int32)
+            lp = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+            hidden, cache = models.forward_cached(params, cfg, tok[:, None], st["length"][:, None],
+                                                  act[:, None].astype(jnp.int32), st["cache"], st["length"],
+                                                  window=window)
+            count, length = st["count"] + act, st["length"] + act
+            done = act & (jnp.any(tok[:, None] == st["stop"], axis=-1) | (count >= st["limit"]) |
+                          (length >= context))
+            st = {**st, "cache": cache, "logits": lm_logits(params, cfg, hidden[:, 0]), "count": count,
+                  "length": length, "active": act & ~done}
+            return st, out.at[:, s].set(jnp.where(act, tok, -1)), lps.at[:, s].set(jnp.where(act, lp, 0.0)), s + 1
+
+        out = jnp.full((b, steps), -1, jnp.int32)
+        st, out, lps, _ = jax.lax.while_loop(lambda c: (c[3] < steps) & jnp.any(c[0]["active"]), step,
+                                             (state, out, jnp.zeros((b, steps), jnp.float32), jnp.int32(0)))
+        return st, out, lps
+
+    # ------------------------------------------------------------------ release
+    def release(self, state: dict, slots: list[int]) -> dict:
+        """Free `slots` now (a cancelled request): they stop decoding."""
+        mask = np.zeros(self.slots, bool)
+        mask[list(slots)] = True
+        with self.placement.active():
+            return self._release(state, mask)
+
+    @staticmethod
+    def _release_fn(state, mask):
+        return {**state, "active": state["active"] & ~mask}
+
+
+@functools.lru_cache(maxsize=32)
+def slot_programs(cfg, placement: Placement, slots: int, context: int) -> SlotPrograms:
+    """The (cached) programs for a placed model config (`Placement.prepare`) and a state shape."""
+    return SlotPrograms(cfg, placement, slots, context)
