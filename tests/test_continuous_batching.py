@@ -1,0 +1,119 @@
+"""Continuous batching in the serving engine: requests join a running batch between decode segments, leave it when
+they finish, and get the same tokens whatever else is decoding."""
+
+import asyncio
+import time
+
+import jax
+import pytest
+
+from sweet_jax import models
+from sweet_jax.chat import load_tokenizer
+from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
+from sweet_jax.inference.engine import Engine
+from sweet_jax.inference.sampling import SamplingParams
+
+CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                                num_heads=4, num_kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    params = models.init_params(CFG, jax.random.key(0), std=0.1)
+    return Engine(params, CFG, load_tokenizer(bundled_llama3_tokenizer_dir()), max_batch=16, max_model_len=1024,
+                  stream_segment=4)
+
+
+def _run(engine, coro):
+    async def go():
+        await engine.start()
+        try:
+            return await coro()
+        finally:
+            await engine.stop()
+    return asyncio.run(go())
+
+
+def _no_stop(engine, sp):
+    """A request whose only end is max_tokens (no stop tokens)."""
+    engine.stop_tokens = ()
+    return sp
+
+
+def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine):
+    long_sp = _no_stop(engine, SamplingParams(temperature=0.0, max_tokens=900))
+    short_sp = SamplingParams(temperature=0.0, max_tokens=8)
+    done = {}
+
+    async def go():
+        t0 = time.perf_counter()
+
+        async def timed(name, prompt, sp):
+            out = await engine.generate(prompt, sp, 1, 0)
+            done[name] = (time.perf_counter() - t0, out)
+
+        long_task = asyncio.create_task(timed("long", [1, 2, 3], long_sp))
+        await asyncio.sleep(0.5)  # the long one is decoding
+        await timed("short", [4, 5, 6, 7], short_sp)
+        short_at = time.perf_counter() - t0
+        await long_task
+        return short_at
+
+    _run(engine, go)
+    assert len(done["long"][1][0].tokens) == 900 and len(done["short"][1][0].tokens) == 8
+    assert done["short"][0] < done["long"][0] / 3, done  # it did not wait for the long request's batch
+
+
+def test_concurrent_results_equal_one_at_a_time_results(engine):
+    _no_stop(engine, None)
+    prompts = [[7] * n for n in (1, 5, 30, 2, 17, 60)]
+    settings = [SamplingParams(temperature=t, top_p=p, max_tokens=m)
+                for t, p, m in ((0.0, 1.0, 20), (1.0, 1.0, 33), (0.7, 0.9, 9), (1.3, 1.0, 41), (0.0, 1.0, 5),
+                                (1.0, 0.8, 27))]
+
+    async def alone():
+        return [await engine.generate(p, sp, 2, 100 + i) for i, (p, sp) in enumerate(zip(prompts, settings))]
+
+    async def together():
+        async def late(i):
+            await asyncio.sleep(0.05 * i)  # arrivals while others decode
+            return await engine.generate(prompts[i], settings[i], 2, 100 + i)
+        return await asyncio.gather(*(late(i) for i in range(len(prompts))))
+
+    one, many = _run(engine, alone), _run(engine, together)
+    for a, b in zip(one, many):
+        assert [s.tokens for s in a] == [s.tokens for s in b]
+        assert [s.logprobs for s in a] == [s.logprobs for s in b]  # bit for bit
+
+
+def test_256_concurrent_requests_of_mixed_lengths_complete(engine):
+    _no_stop(engine, None)
+
+    async def go():
+        reqs = [engine.generate([3 + i % 50] * (1 + i % 97), SamplingParams(temperature=1.0, max_tokens=1 + i % 23),
+                                1 + i % 3, i) for i in range(256)]
+        return await asyncio.gather(*reqs)
+
+    out = _run(engine, go)
+    assert len(out) == 256
+    for i, samples in enumerate(out):
+        assert len(samples) == 1 + i % 3 and all(len(s.tokens) == 1 + i % 23 for s in samples)
+    assert not engine.scheduler.busy and len(engine.scheduler.free) == engine.max_batch
+
+
+def test_a_stream_closed_mid_way_frees_its_slots(engine):
+    _no_stop(engine, None)
+
+    async def go():
+        stream = engine.stream([1, 2, 3], SamplingParams(temperature=1.0, max_tokens=1000), 4, 0)
+        async for _ in stream:
+            break  # the client goes away after the first chunk
+        await stream.aclose()
+        for _ in range(200):
+            if not engine.scheduler.busy:
+                break
+            await asyncio.sleep(0.05)
+        return engine.scheduler.busy, len(engine.scheduler.free)
+
+    busy, free = _run(engine, go)
+    assert not busy and free == engine.max_batch
