@@ -10,6 +10,8 @@
 - Each attempt has a timeout. Rate limits (429), server errors (5xx), timeouts and dropped connections are retried
   with exponential backoff and jitter, up to `max_retries` times. Other errors (a 400, say) are raised at once:
   callers decide (the simulator turns a BadRequestError into "No response.", as the official code does).
+- `base_url` may list several servers of the same model, comma-separated: requests go to them in turn, and a
+  retried request goes to the next one.
 - `stats` counts calls, retries and failures, for progress bars.
 """
 
@@ -57,14 +59,26 @@ class LLMClient:
         self.stats = Stats()
         self._rng = random.Random(seed)
         self._sem = asyncio.Semaphore(concurrency)
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
-                                          timeout=timeout, max_retries=0)
+        urls = [u.strip() for u in base_url.split(",") if u.strip()]
+        if not urls:
+            raise ValueError("base_url: no server URL given")
+        key = os.environ.get(api_key_env) or "EMPTY"
+        self._clients = [openai.AsyncOpenAI(base_url=u, api_key=key, timeout=timeout, max_retries=0) for u in urls]
+        self._turn = 0
 
-    async def _call(self, fn, **kw):
+    @property
+    def _client(self) -> openai.AsyncOpenAI:
+        """The next server in turn."""
+        self._turn = (self._turn + 1) % len(self._clients)
+        return self._clients[self._turn]
+
+    async def _call(self, method: str, **kw):
         attempt = 0
         while True:
             async with self._sem:
                 self.stats.calls += 1
+                client = self._client
+                fn = client.chat.completions.create if method == "chat" else client.completions.create
                 try:
                     return await fn(model=self.model, **kw)
                 except Exception as e:
@@ -78,13 +92,18 @@ class LLMClient:
 
     async def chat(self, messages: list[dict], **kw) -> str:
         """The first choice's message text of a chat completion."""
-        resp = await self._call(self._client.chat.completions.create, messages=messages, **kw)
+        resp = await self._call("chat", messages=messages, **kw)
         return resp.choices[0].message.content or ""
 
     async def complete(self, prompt: str, **kw) -> str:
         """The first choice's text of a (legacy) completion of an already-templated prompt."""
-        resp = await self._call(self._client.completions.create, prompt=prompt, **kw)
+        resp = await self._call("completions", prompt=prompt, **kw)
         return resp.choices[0].text or ""
 
+    async def completion(self, prompt: str | list[int], **kw):
+        """The whole completion response (every choice, with log-probs when asked for)."""
+        return await self._call("completions", prompt=prompt, **kw)
+
     async def close(self) -> None:
-        await self._client.close()
+        for client in self._clients:
+            await client.close()

@@ -8,7 +8,8 @@ Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/comp
   decodes: new text every `Engine.stream_segment` decode steps, held back only where it could still become a stop
   string).
 - Completions accept a prompt string or a list of token ids. Supported: n, temperature, top_p, top_k, max_tokens
-  (0 with `echo` scores the prompt only), stop, logprobs, echo and seed.
+  (0 with `echo` scores the prompt only), stop, logprobs, echo, seed, and vLLM's `prompt_logprobs` (0: each
+  prompt token's own log-prob, in vLLM's format).
 - Generation ends at the chat format's end-of-turn token or the model's EOS, which are not part of the returned
   text. A stop string cuts the text before its first occurrence (finish_reason "stop"), and the token log-probs are
   cut with it.
@@ -55,6 +56,7 @@ class CompletionBody(_Body):
     prompt: str | list[int] | list[str]
     max_tokens: int = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=0)
+    prompt_logprobs: int | None = Field(None, ge=0, le=0)  # vLLM's extension: the prompt tokens' log-probs
     echo: bool = False
     stream: bool = False
 
@@ -214,7 +216,8 @@ def create_app(engine) -> FastAPI:
         if body.max_tokens == 0 and not body.echo:
             return _error(400, "max_tokens: 0 is only meaningful with echo (prompt scoring)")
         try:
-            prompt_lps = engine.prompt_logprobs(ids) if body.echo and body.logprobs is not None else None
+            scored = (body.echo and body.logprobs is not None) or body.prompt_logprobs is not None
+            prompt_lps = engine.prompt_logprobs(ids) if scored else None
             samples = (await engine.generate(ids, *_request(body, body.max_tokens)) if body.max_tokens > 0
                        else [Sample([], [], "length")] * body.n)
         except ValueError as e:
@@ -236,6 +239,10 @@ def create_app(engine) -> FastAPI:
                     offsets = starts + [len(prompt_text) + o for o in offsets]
                 choice["logprobs"] = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None,
                                       "text_offset": offsets}
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = [None] + [
+                    {str(t): {"logprob": lp, "rank": None, "decoded_token": piece}}
+                    for t, lp, piece in zip(ids[1:], prompt_lps[1:], prompt_pieces[1:])]
             choices.append(choice)
         completion = sum(len(s.tokens) for s in samples)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),

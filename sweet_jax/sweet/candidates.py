@@ -46,6 +46,9 @@ class SampleSettings:
     seed: int = flag(0, help="state i samples with seed + i")
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
     dtype: str = flag("float32", help="compute dtype", choices=DTYPES)
+    mesh: str | None = flag(None, help="device mesh, e.g. data=2,tensor=4 (default: one device)")
+    base_url: str | None = flag(None, help="sample through these OpenAI-compatible servers of --model (vLLM or "
+                                           "sweet_jax.serve; /v1 URLs, comma-separated) instead of in process")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,10 @@ class RankSettings:
     no_header: bool = flag(False, help="score the candidate alone, not the assistant header before it")
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
     dtype: str = flag("float32", help="compute dtype", choices=DTYPES)
+    mesh: str | None = flag(None, help="device mesh, e.g. data=2,tensor=4 (default: one device)")
+    critic_url: str | None = flag(None, help="score through these servers of --critic (prompt log-probs; /v1 URLs, "
+                                             "comma-separated) instead of in process")
+    reference_url: str | None = flag(None, help="likewise for --reference_model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,14 +116,27 @@ def _by_line(output: str):
 
 
 def sample(s: SampleSettings) -> dict:
+    import os
+
     from tqdm.auto import tqdm
 
     from sweet_jax import chat, models
+    from sweet_jax.inference.placement import Placement
     from sweet_jax.inference.sampling import SamplingParams
     from sweet_jax.inference.scheduler import generate
 
     states = states_of(s.input, s.data_fraction)
-    loaded = models.load_model(s.model, s.dtype, inference_layout=True)
+    placement = Placement.build(s.mesh)
+    if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
+        from sweet_jax.colbench.client import LLMClient
+        from sweet_jax.sweet import endpoints
+
+        loaded = models.LoadedModel(models.config_from_pretrained(s.model), None,
+                                    s.model if chat.has_tokenizer(s.model) else None)
+        client = LLMClient(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
+    else:
+        loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings)
+        params, cfg = placement.prepare(loaded.params, loaded.cfg)
     tok = loaded.tokenizer(s.tokenizer)
     fmt = chat.get_format(loaded.chat_format).tokenized(tok)
     sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(fmt.eot_id,))
@@ -125,13 +145,19 @@ def sample(s: SampleSettings) -> dict:
         for start in tqdm(range(0, len(todo), s.batch), desc="sample best-of-n", disable=None):
             idx = todo[start:start + s.batch]
             prompts = [tok.encode(states[i]["input"], add_special_tokens=False) for i in idx]
-            results = generate(loaded.params, loaded.cfg, prompts, sp, n=s.n, seed=[s.seed + i for i in idx])
-            for i, samples in zip(idx, results):
+            seeds = [s.seed + i for i in idx]
+            if s.base_url:
+                results = endpoints.sample(client, prompts, n=s.n, temperature=s.temperature, max_tokens=s.max_tokens,
+                                           seeds=seeds, stop=[fmt.eot_id])
+                texts = [[x.tokens for x in samples] for samples in results]
+            else:
+                results = generate(params, cfg, prompts, sp, n=s.n, seed=seeds, placement=placement)
+                # special tokens are left out of the text, as vLLM's default skip_special_tokens does: a stray
+                # header token would break the chat format of every later use of the candidate
+                texts = [[tok.decode(x.tokens, skip_special_tokens=True) for x in samples] for samples in results]
+            for i, samples, text in zip(idx, results, texts):
                 part.append({"line": i, "record": {
-                    **states[i],
-                    # special tokens are left out of the text, as vLLM's default skip_special_tokens does: a
-                    # stray header token would break the chat format of every later use of the candidate
-                    "additional_outputs": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
+                    **states[i], "additional_outputs": text,
                     "additional_reference_logprobs": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
                     "additional_reference_logprobs_sum": [sum(x.logprobs) for x in samples]}})
         part.finish([part.done[i]["record"] for i in range(len(states))])
@@ -152,9 +178,12 @@ def rank(s: RankSettings) -> dict:
     records = read_jsonl(s.input, RANK_FIELDS)
     if s.reference == "model" and not s.reference_model:
         raise DataError("--reference model needs --reference_model (the frozen reference critic)")
+    from sweet_jax.inference.placement import Placement
+
     judge = Judge(s.critic, kind=s.kind, no_info=s.no_info, use_sum=s.use_sum, no_header=s.no_header,
                   reference_model=s.reference_model if s.reference == "model" else None, tokenizer=s.tokenizer,
-                  dtype=s.dtype)
+                  dtype=s.dtype, placement=Placement.build(s.mesh), base_url=s.critic_url,
+                  reference_url=s.reference_url)
     with _by_line(s.output) as part:
         for i, rec in enumerate(tqdm(records, desc="rank with the critic", disable=None)):
             if i in part.done:

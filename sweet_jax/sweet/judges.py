@@ -15,9 +15,12 @@ Kinds (`Judge(kind=...)`), each given the information ("In light that the final 
   paper's LLM judge compares candidates in pairs; this one scores each on its own, N prompts per state rather
   than N(N-1)/2.)
 
-The history is computed once per state in a KV cache shared by all candidates (`inference.prefix_scoring`). Judges of
-one model (the SWEET critic ranking means and sums) share the loaded weights and the log-probs of a state. The
-header, end-of-turn token and prompt layout come from the model's chat format (`sweet_jax.chat`).
+The history is computed once per state in a KV cache shared by all candidates (`inference.prefix_scoring`), on the
+devices of `placement` (`inference.placement`). Judges of one model (the SWEET critic ranking means and sums) share
+the loaded weights and the log-probs of a state. The header, end-of-turn token and prompt layout come from the
+model's chat format (`sweet_jax.chat`). The critic kind can also score through servers of the critic and of the
+reference model (`base_url`, `reference_url`: vLLM or `sweet_jax.serve`, see `sweet.endpoints`); the model
+directories then give the config and tokenizer only.
 """
 
 from __future__ import annotations
@@ -44,32 +47,55 @@ Is this next message a good step towards the correct function? Answer Yes or No.
 LLM_JUDGE_INFO = "The correct function is:\n{ground_truth}\n\n"
 CANDIDATE_SLOT = "\x00CANDIDATE\x00"
 
-_MODELS: dict[tuple[str, str], object] = {}  # (real path, dtype) -> LoadedModel, params in the inference layout
+_MODELS: dict[tuple, object] = {}  # (real path, dtype, placement) -> LoadedModel, params placed
 _LOGPROBS: dict[tuple, list] = {}  # the last few states' continuation log-probs, by model and token ids
 
 
-def shared_model(model: str, dtype: str):
-    """A `LoadedModel` in the inference layout, loaded once per process however many judges (or samplers) use it."""
+def shared_model(model: str, dtype: str, placement=None):
+    """A `LoadedModel` placed on `placement` (default: one device), loaded once per process however many judges (or
+    samplers) use it; its cfg is the placed config (`Placement.prepare`)."""
     import os
 
     from sweet_jax import models
+    from sweet_jax.inference.placement import Placement
 
-    key = (os.path.realpath(model), dtype)
+    placement = placement or Placement.build()
+    key = (os.path.realpath(model), dtype, placement)
     if key not in _MODELS:
-        _MODELS[key] = models.load_model(model, dtype, inference_layout=True)
+        loaded = models.load_model(model, dtype, inference_layout=True, shardings=placement.stacked_shardings)
+        params, cfg = placement.prepare(loaded.params, loaded.cfg)
+        _MODELS[key] = models.LoadedModel(cfg, params, loaded.tokenizer_dir)
     return _MODELS[key]
 
 
-def _logprobs(model_key: tuple, params, cfg, prefix: list[int], spans: list[list[int]]) -> list:
-    """`continuation_logprobs`, remembered for the last few states: judges of one model score a state once."""
-    from sweet_jax.inference.prefix_scoring import continuation_logprobs
-
+def _logprobs(model_key: tuple, scorer, prefix: list[int], spans: list[list[int]]) -> list:
+    """`scorer(prefix, spans)`, remembered for the last few states: judges of one model score a state once."""
     key = (model_key, tuple(prefix), tuple(map(tuple, spans)))
     if key not in _LOGPROBS:
         if len(_LOGPROBS) >= 8:
             _LOGPROBS.pop(next(iter(_LOGPROBS)))
-        _LOGPROBS[key] = continuation_logprobs(params, cfg, prefix, spans)
+        _LOGPROBS[key] = scorer(prefix, spans)
     return _LOGPROBS[key]
+
+
+def _scorer(loaded=None, url: str | None = None, name: str = "", placement=None):
+    """Continuation log-probs from the placed model, or from the server(s) at `url`."""
+    if url:
+        from sweet_jax.colbench.client import LLMClient
+        from sweet_jax.sweet import endpoints
+
+        return lambda prefix, spans: endpoints.continuation_logprobs(LLMClient(url, name), prefix, spans)
+    from sweet_jax.inference.prefix_scoring import continuation_logprobs
+
+    return lambda prefix, spans: continuation_logprobs(loaded.params, loaded.cfg, prefix, spans, placement=placement)
+
+
+def _config_only(model: str):
+    """A `LoadedModel` without weights: the config and tokenizer of an HF directory served elsewhere."""
+    from sweet_jax import models
+
+    return models.LoadedModel(models.config_from_pretrained(model), None,
+                              model if chat.has_tokenizer(model) else None)
 
 
 class Judge:
@@ -77,25 +103,30 @@ class Judge:
 
     def __init__(self, model: str, *, kind: str = "critic", no_info: bool = False, use_sum: bool = False,
                  no_header: bool = False, reference_model: str | None = None, tokenizer: str | None = None,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", placement=None, base_url: str | None = None,
+                 reference_url: str | None = None):
         import os
 
         if kind not in KINDS:
             raise DataError(f"judge kind must be one of {KINDS}, got {kind!r}")
-        loaded = shared_model(model, dtype)
+        if (base_url or reference_url) and kind != "critic":
+            raise DataError(f"a judge of kind {kind!r} runs in process: servers score the critic kind only")
+        loaded = _config_only(model) if base_url else shared_model(model, dtype, placement)
         self.cfg, self.params = loaded.cfg, loaded.params
-        self.key = (os.path.realpath(model), dtype)
+        self.placement = placement
+        self.key = (base_url or os.path.realpath(model), dtype)
+        self.score = _scorer(loaded, base_url, os.path.basename(os.path.abspath(model)), placement)
         if self.cfg.score_head != (kind in ("head", "value")):
             raise DataError(f"{model}: a judge of kind {kind!r} needs " + (
                 "a score-head model (a critic trained with objective 'reward' or 'value')"
                 if kind in ("head", "value") else "a causal LM, but this model has a score head"))
         self.ref = self.ref_key = None
         if reference_model and kind == "critic":
-            ref = shared_model(reference_model, dtype)
-            self.ref = ref.params
+            ref = _config_only(reference_model) if reference_url else shared_model(reference_model, dtype, placement)
+            self.ref = _scorer(ref, reference_url, os.path.basename(os.path.abspath(reference_model)), placement)
             if ref.cfg.vocab_size != self.cfg.vocab_size:
                 raise DataError("the reference model's vocabulary differs from the critic's")
-            self.ref_key = (os.path.realpath(reference_model), dtype)
+            self.ref_key = (reference_url or os.path.realpath(reference_model), dtype)
         self.tok = loaded.tokenizer(tokenizer)
         self.chat = chat.get_format(loaded.chat_format)
         self.header = self.tok.encode(self.chat.assistant_header, add_special_tokens=False)
@@ -128,9 +159,9 @@ class Judge:
         prefix, head = (ids[:-len(self.header)], self.header) if not self.no_header else (ids, [])
         spans = [head + c for c in cands]
         reduce = np.sum if self.use_sum else np.mean
-        score = [float(reduce(lp)) for lp in _logprobs(self.key, self.params, self.cfg, prefix, spans)]
+        score = [float(reduce(lp)) for lp in _logprobs(self.key, self.score, prefix, spans)]
         if self.ref is not None:
-            base = [float(reduce(lp)) for lp in _logprobs(self.ref_key, self.ref, self.cfg, prefix, spans)]
+            base = [float(reduce(lp)) for lp in _logprobs(self.ref_key, self.ref, prefix, spans)]
         else:
             base = sampler_sum if self.use_sum else sampler_mean
         return [s - b for s, b in zip(score, base)]
@@ -140,7 +171,7 @@ class Judge:
         from sweet_jax.inference.prefix_scoring import continuation_values
 
         cands = [self.tok.encode(c.rstrip(), add_special_tokens=False) + [self.eot] for c in candidates]
-        prefix_values, values = continuation_values(self.params, self.cfg, ids, cands)
+        prefix_values, values = continuation_values(self.params, self.cfg, ids, cands, placement=self.placement)
         if self.kind == "value":
             return [float(v[-1]) for v in values]
         total = float(prefix_values.sum())
@@ -160,5 +191,6 @@ class Judge:
         prefix = self.tok.encode(before, add_special_tokens=False)
         # the candidate is tokenised with the text after it: "?\n\n" may be one token of the vocabulary
         spans = [self.tok.encode(c.strip() + after, add_special_tokens=False) for c in candidates]
-        lp = next_token_logprobs(self.params, self.cfg, prefix, spans, [a[0] for a in self.answers])
+        lp = next_token_logprobs(self.params, self.cfg, prefix, spans, [a[0] for a in self.answers],
+                                 placement=self.placement)
         return [float(yes - no) for yes, no in lp]

@@ -46,6 +46,7 @@ class SelectionSettings:
     semantics: str = flag("reference", choices=("reference", "clean"), help="the backend evaluator's semantics")
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the policy's, else the bundled one)")
     dtype: str = flag("float32", help="compute dtype", choices=DTYPES)
+    mesh: str | None = flag(None, help="device mesh, e.g. data=2,tensor=4 (default: one device)")
 
 
 @dataclasses.dataclass
@@ -109,14 +110,18 @@ def evaluate(s: SelectionSettings) -> dict:
         raise DataError(f"--ns {s.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
     judge_kw = parse_judges(s.judge)
     # one copy of each model, whether it is the policy, the simulator or a judge
-    policy = shared_model(s.policy, s.dtype)
-    sim = shared_model(s.simulator, s.dtype)
+    from sweet_jax.inference.placement import Placement
+
+    placement = Placement.build(s.mesh)
+    policy = shared_model(s.policy, s.dtype, placement)
+    sim = shared_model(s.simulator, s.dtype, placement)
     tok = policy.tokenizer(s.tokenizer)
     fmt = chat.get_format(policy.chat_format)
     eot = fmt.tokenized(tok).eot_id
     agent_sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,))
     sim_sp = SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,))
-    judges = {name: Judge(tokenizer=s.tokenizer, dtype=s.dtype, **kw) for name, kw in judge_kw.items()}
+    judges = {name: Judge(tokenizer=s.tokenizer, dtype=s.dtype, placement=placement, **kw)
+              for name, kw in judge_kw.items()}
 
     # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
     # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
@@ -145,7 +150,7 @@ def evaluate(s: SelectionSettings) -> dict:
                 keys = todo[start:start + s.batch]
                 results = generate(policy.params, policy.cfg, [tok.encode(p, add_special_tokens=False)
                                                                 for *_, p in keys],
-                                   agent_sp, n=ns[-1], seed=[seed_of(*k) for k in keys])
+                                   agent_sp, n=ns[-1], seed=[seed_of(*k) for k in keys], placement=placement)
                 for (r, t, p), samples in zip(keys, results):
                     rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
                            "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
@@ -168,7 +173,8 @@ def evaluate(s: SelectionSettings) -> dict:
             todo = sorted({p for _, p in waiting} - replies.keys())
             for start in range(0, len(todo), s.batch * 4):
                 chunk = todo[start:start + s.batch * 4]
-                out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp)
+                out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp,
+                               placement=placement)
                 for p, o in zip(chunk, out):
                     replies[p] = tok.decode(o[0].tokens, skip_special_tokens=True)
                     cache.append({"kind": "reply", "prompt": p, "reply": replies[p]})

@@ -1,0 +1,157 @@
+"""Model servers for the pipeline's inference stages, behind one setting (`inference.backend` of a pipeline config):
+
+- "sweet_jax": the project's engine (`python -m sweet_jax.serve`), on the mesh of `mesh`;
+- "vllm": `vllm serve` on the stage's HF export, with `tensor_parallel_size`, `max_model_len` and `dtype` (bf16 on
+  accelerators), from the vLLM environment's python (`vllm_python`, else $SWEET_JAX_VLLM_PYTHON);
+- "endpoint": servers that already run (vLLM on a TPU slice, say): the stage's `endpoints` URLs, comma-separated,
+  which the clients take in turn.
+
+A started server is a `ManagedServer`: it waits for /health, a watchdog restarts it on the same port when it dies
+(the clients retry meanwhile), and `stop()` ends it before a training stage needs the accelerators. Imports no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shlex
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+log = logging.getLogger("sweet_jax.inference")
+BACKENDS = ("sweet_jax", "vllm", "endpoint")
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSettings:
+    backend: str = "sweet_jax"
+    endpoints: str = ""  # "endpoint": the /v1 URLs, comma-separated
+    max_model_len: int = 2048
+    max_batch: int = 16  # decode slots (sweet_jax) / max_num_seqs (vLLM)
+    mesh: str = ""  # sweet_jax: the device mesh, e.g. data=2,tensor=4
+    tensor_parallel_size: int = 1  # vLLM
+    dtype: str = "auto"  # vLLM: auto = bfloat16 on accelerators, float32 on CPU
+    memory_fraction: float = 0.0  # vLLM --gpu-memory-utilization (on CPU: of the NUMA node's memory); 0 = its default
+    vllm_python: str = ""  # the python of vLLM's environment; default $SWEET_JAX_VLLM_PYTHON
+    extra_args: str = ""  # more command-line flags for the server, shell-quoted
+    start_timeout_s: float = 900.0
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"inference backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if self.backend == "endpoint" and not self.endpoints.strip():
+            raise ValueError("inference backend 'endpoint' needs the server URLs (endpoints=http://host:port/v1,...)")
+
+
+def vllm_python(s: BackendSettings) -> str:
+    python = s.vllm_python or os.environ.get("SWEET_JAX_VLLM_PYTHON", "")
+    if not python or not os.path.exists(python):
+        raise ServerError(f"inference backend 'vllm': no vLLM python ({python or 'unset'}); install vLLM in its own "
+                          f"environment (`bash launch/setup_vllm.sh`) and set SWEET_JAX_VLLM_PYTHON or vllm_python")
+    return python
+
+
+def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None) -> list[str]:
+    """The command line that serves `model` (an HF directory) on 127.0.0.1:`port`."""
+    name = name or os.path.basename(os.path.abspath(model))
+    extra = shlex.split(s.extra_args)
+    if s.backend == "sweet_jax":
+        from sweet_jax.cli.app import command_line
+        from sweet_jax.inference.server import ServeSettings
+
+        return [python, *command_line("serve", ServeSettings(
+            model=model, port=port, max_model_len=s.max_model_len, max_batch=s.max_batch, mesh=s.mesh or None,
+            served_model_name=name)), *extra]
+    if s.backend == "vllm":
+        # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script of the CPU build looks for a
+        # distribution named `vllm` and fails
+        dtype = s.dtype
+        return [vllm_python(s), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+                "--host", "127.0.0.1", "--served-model-name", name, "--max-model-len", str(s.max_model_len),
+                "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", dtype,
+                "--max-num-seqs", str(s.max_batch),
+                *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
+    raise ServerError(f"backend {s.backend!r} starts no server")
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at `url` (its root, without /v1) answers /health."""
+    try:
+        urllib.request.urlopen(url + "/health", timeout=timeout)
+        return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+class ManagedServer:
+    """A server process on a fixed port: started, watched and restarted when it dies, stopped on request."""
+
+    def __init__(self, cmd: list[str], port: int, logfile: str, *, env=None, cwd=None, start_timeout_s: float = 900,
+                 preexec_fn=None, what: str = "server"):
+        self.cmd, self.port, self.logfile, self.env, self.cwd = cmd, port, logfile, env, cwd
+        self.start_timeout_s, self.preexec_fn, self.what = start_timeout_s, preexec_fn, what
+        self.url = f"http://127.0.0.1:{port}"
+        self.restarts = 0
+        self.proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def _launch(self) -> None:
+        fh = open(self.logfile, "a")
+        fh.write(f"\n$ {shlex.join(self.cmd)}\n")
+        fh.flush()
+        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                     preexec_fn=self.preexec_fn)
+        fh.close()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.time() + self.start_timeout_s
+        while not healthy(self.url):
+            if self.proc.poll() is not None or time.time() > deadline:
+                with open(self.logfile) as fh:
+                    tail = fh.read()[-2000:]
+                self.stop()
+                raise ServerError(f"the {self.what} did not start (exit {self.proc.returncode}); log {self.logfile}:"
+                                  f"\n{tail}")
+            time.sleep(0.5)
+
+    def start(self) -> "ManagedServer":
+        self._launch()
+        self._wait_healthy()
+        self._watchdog = threading.Thread(target=self._watch, name=f"watch {self.what}", daemon=True)
+        self._watchdog.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(1.0):
+            if self.proc.poll() is not None and not self._stopping.is_set():
+                self.restarts += 1
+                log.warning("the %s exited with %s; restarting it (restart %d), log %s", self.what,
+                            self.proc.returncode, self.restarts, self.logfile)
+                try:
+                    self._launch()
+                    deadline = time.time() + self.start_timeout_s
+                    while not healthy(self.url) and time.time() < deadline and not self._stopping.is_set():
+                        if self.proc.poll() is not None:
+                            break
+                        time.sleep(0.5)
+                except OSError as e:
+                    log.error("could not restart the %s: %s", self.what, e)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

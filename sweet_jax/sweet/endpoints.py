@@ -1,0 +1,75 @@
+"""The best-of-n stages through an OpenAI-compatible server (vLLM, `sweet_jax.serve`, or several of them): sampling
+n candidates with their log-probs, and scoring continuations of a shared prefix from prompt log-probs. Both send
+token ids, so that the server scores and continues exactly the tokens the in-process path would.
+
+    client = LLMClient("http://127.0.0.1:8000/v1", "critic")
+    lps = continuation_logprobs(client, prefix_ids, [cand_1, ..., cand_16])   # as inference.prefix_scoring's
+    samples = sample(client, [prompt_ids, ...], n=16, temperature=1.0, max_tokens=1024, seeds=[...], stop=[eot])
+
+- Scoring asks for `prompt_logprobs` (a vLLM extension, which `sweet_jax.serve` also answers) with one new token:
+  vLLM's prefix cache then computes a state's shared history once for its 16 candidates.
+- Sampling asks for n samples with `logprobs`. The end-of-turn token ends a sample and is not returned, so its
+  log-prob is not in the sample's (the in-process sampler keeps it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from sweet_jax.colbench.client import LLMClient
+from sweet_jax.inference.sampling import Sample
+
+
+def _prompt_logprobs(choice) -> list:
+    extra = getattr(choice, "model_extra", None) or {}
+    lps = extra.get("prompt_logprobs")
+    if lps is None:
+        raise RuntimeError("the server returned no prompt_logprobs: it needs vLLM >= 0.6 or sweet_jax.serve")
+    return lps
+
+
+def _token_logprob(entry: dict, token: int) -> float:
+    """One prompt position's entry: {token id (str): {"logprob": ...}} (vLLM also lists the top tokens)."""
+    value = entry.get(str(token), entry.get(token))
+    if value is None:
+        raise RuntimeError(f"the server's prompt_logprobs lack the prompt token {token}")
+    return float(value["logprob"] if isinstance(value, dict) else value)
+
+
+async def _continuation_logprobs(client: LLMClient, prefix: list[int], spans: list[list[int]]) -> list[np.ndarray]:
+    async def one(span):
+        ids = prefix + span
+        resp = await client.completion(ids, max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 0})
+        entries = _prompt_logprobs(resp.choices[0])
+        return np.asarray([_token_logprob(entries[len(prefix) + i], t) for i, t in enumerate(span)], np.float32)
+
+    return list(await asyncio.gather(*(one(s) for s in spans)))
+
+
+def continuation_logprobs(client: LLMClient, prefix: list[int], spans: list[list[int]]) -> list[np.ndarray]:
+    """log p(span[j] | prefix, span[:j]) for each span, from the server's prompt log-probs."""
+    return asyncio.run(_continuation_logprobs(client, prefix, spans))
+
+
+async def _sample(client: LLMClient, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
+                  seeds: list[int], stop: list[int]) -> list[list[Sample]]:
+    async def one(ids, seed):
+        resp = await client.completion(ids, n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0,
+                                       seed=seed, extra_body={"stop_token_ids": stop, "skip_special_tokens": True})
+        out = []
+        for choice in sorted(resp.choices, key=lambda c: c.index):
+            lps = list(choice.logprobs.token_logprobs or []) if choice.logprobs else []
+            out.append(Sample(choice.text, [float(x) for x in lps], choice.finish_reason))
+        return out
+
+    return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, seeds))))
+
+
+def sample(client: LLMClient, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
+           seeds: list[int], stop: list[int]) -> list[list[Sample]]:
+    """n samples of each prompt: Samples whose `tokens` field holds the text (special tokens left out, as the
+    in-process path decodes them), with the sampled tokens' log-probs."""
+    return asyncio.run(_sample(client, prompts, n=n, temperature=temperature, max_tokens=max_tokens, seeds=seeds,
+                               stop=stop))
