@@ -2,8 +2,15 @@
 `python -m sweet_jax.pipeline --config configs/sweet_backend_8b.py`.
 
 - The agent and the starting point of the critic and the actor: Llama-3.1-8B-Instruct; the simulated human:
-  Llama-3.1-70B-Instruct. Both are served by `sweet_jax.serve` (point `policy_init` and `simulator` at local HF
-  directories; the server shards them over the accelerators it sees).
+  Llama-3.1-70B-Instruct (point `policy_init` and `simulator` at local HF directories). On an 8-GPU host, every
+  inference role runs on vLLM (`inference.backend = "vllm"`, from the python of `inference.vllm_python` or
+  $SWEET_JAX_VLLM_PYTHON), in bf16 with tensor parallelism over the 8 GPUs: the 70B simulator (141 GB of bf16
+  weights) and the 8B agent are started for each collection and test stage and stopped after it, the 8B sampler for
+  `sample`, and the critic export for `rank` (prompt log-probs through vLLM's prefix cache). Every server is stopped
+  before a training stage, which then has the GPUs to itself. To use servers already running elsewhere (vLLM on a
+  TPU slice, say), set `inference.roles.<role> = "endpoint"` and `inference.endpoints.<role>` to their URLs. With
+  `inference.backend = "sweet_jax"` the project's engine serves instead, sharded by `inference.mesh`
+  (e.g. "tensor=8"; `python -m sweet_jax.plan --serve` gives its memory per device).
 - Collection: 3 rollouts per train task (`data.train_tasks`, e.g. the 10k backend train tasks), 10 turns, agent
   temperature 1.0 with 1024 tokens, simulator greedy with 4096 (configs/collect_backend.py's official settings).
 - Critic, actor and baselines: the Table 5 recipes configs/critic_8b.py, policy_8b.py, rft_8b.py, mtdpo_8b.py.
@@ -31,7 +38,12 @@ def get_config():
                                                agent_max_tokens=1024, simulator_max_tokens=4096))
     c.test = ml_collections.ConfigDict(dict(rollouts=1))
     # keep=False: the servers free the accelerators for the training stages in between
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, max_batch=64, start_timeout_s=1800, keep=False))
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, max_batch=64, start_timeout_s=1800, keep=False,
+                                             release_for_training=True))
+    c.inference.backend = "vllm"
+    c.inference.tensor_parallel_size = 8
+    c.inference.dtype = "bfloat16"
+    c.inference.mesh = "tensor=8"  # used when a role is switched to backend "sweet_jax"
     c.jobs = 1  # one stage at a time: each takes all the accelerators
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=()))
     c.critic_no_info = ml_collections.ConfigDict(dict(overrides=("data.with_info=False",)))

@@ -48,7 +48,18 @@ def get_config():
     c.test = ml_collections.ConfigDict(dict(rollouts=2))  # 100 episodes per method and seed
     # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
     # simulator, so one warm server plays both parts in the five collection and evaluation stages)
-    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, max_batch=64, start_timeout_s=300, keep=True))
+    c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, max_batch=64, start_timeout_s=300, keep=True,
+                                             release_for_training=False))
+    # Where each inference role runs (`sweet_jax.inference.backends`): "sweet_jax" (the project's engine: a started
+    # `sweet_jax.serve` for the agent and simulator, in process for sample and rank), "vllm" (`vllm serve` started on
+    # the role's HF export, from the vLLM environment's python: vllm_python or $SWEET_JAX_VLLM_PYTHON), or
+    # "endpoint" (servers already running: endpoints.<role>, /v1 URLs, comma-separated). roles.<role> overrides
+    # `backend` for one role: agent, simulator, sample, rank (the critic), reference (the frozen reference model).
+    c.inference = ml_collections.ConfigDict(dict(
+        backend="sweet_jax", roles=dict(agent="", simulator="", sample="", rank="", reference=""),
+        endpoints=dict(agent="", simulator="", sample="", rank="", reference=""),
+        mesh="",  # sweet_jax's device mesh, e.g. data=2,tensor=4
+        tensor_parallel_size=1, dtype="auto", memory_fraction=0.0, vllm_python="", extra_args=""))
     # JAX's persistent compilation cache in RUN/jax_cache, shared by every stage's job and server
     c.compile_cache = True
     # two stages at a time where they do not depend on each other: a tiny-model job keeps about 1.5 of 2 cores busy

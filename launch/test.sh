@@ -6,6 +6,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh || exit $?
+# vLLM's CPU build for the tests against a real vLLM (they skip without it); SWEET_JAX_VLLM=0 leaves it out
+if [ "${SWEET_JAX_VLLM:-1}" != 0 ] && [ -z "${SWEET_JAX_VLLM_PYTHON:-}" ]; then
+    SWEET_JAX_VLLM_PYTHON="$(bash launch/setup_vllm.sh)" || exit $?
+    export SWEET_JAX_VLLM_PYTHON
+fi
 VENV=${SWEET_JAX_VENV:-.venv}
 "$VENV/bin/python" -m pytest -ra --durations=15 -n "${SWEET_JAX_TEST_WORKERS:-2}" --dist worksteal "$@"
 rc=$?

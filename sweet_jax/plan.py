@@ -13,6 +13,11 @@ exit 2 for bad input. Config overrides work as in `sweet_jax.train` (`--config.d
                   seq-len minus turn-len tokens and two turn-len-token turns. Default: plain pairs, two rows each.
     --hbm-gib     per-device memory budget in GiB (default 80: an H100 / A100-80G; an H200 has 141, a TPU v5p 95).
     --json        also write the figures to this file.
+
+Serving: `python -m sweet_jax.plan --serve --model llama3.1-70b --mesh tensor=8 --batch 64 --context 16384` compiles
+the serving engine's decode step instead (`inference.memory_plan`) and prints the per-device weights, KV cache and
+temporaries; `--rank 16 --candidate-len 1024 --context 15360` plans critic ranking (16 candidates after a history of
+--context tokens). --model is a preset name (`models.PRESETS`) or an HF directory; --dtype (default bfloat16).
 """
 
 from __future__ import annotations
@@ -30,13 +35,39 @@ from sweet_jax.training.planning import PlanError, format_plan, parse_mesh
 FLAGS = flags.FLAGS
 
 
-def main(argv) -> int:
-    cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8")
-    sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
-    # Fake CPU devices, set before jax starts: the plan needs no accelerator and allocates nothing.
+def _fake_devices(devices: int) -> None:
+    """Fake CPU devices, set before jax starts: a plan needs no accelerator and allocates nothing."""
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
                                f"--xla_force_host_platform_device_count={devices}").strip()
+
+
+def serve_main() -> int:
+    if not FLAGS.model:
+        raise PlanError("--serve needs --model: a preset name (e.g. llama3.1-8b) or an HF directory")
+    sizes, devices = parse_mesh(FLAGS.mesh, {}, FLAGS.devices)
+    _fake_devices(devices)
+    from sweet_jax import models
+    from sweet_jax.inference import memory_plan
+
+    try:
+        plan = memory_plan.plan_serving(FLAGS.model, sizes, slots=FLAGS.batch, context=FLAGS.context,
+                                        rank=FLAGS.rank, candidate_len=FLAGS.candidate_len, dtype=FLAGS.dtype)
+    except (models.ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(memory_plan.format_serve_plan(plan, FLAGS.hbm_gib))
+    if FLAGS.json:
+        write_json(FLAGS.json, {"mesh": sizes, "hbm_gib": FLAGS.hbm_gib, **plan.as_dict(FLAGS.hbm_gib)}, indent=2)
+    return 0 if plan.fits(FLAGS.hbm_gib) else 1
+
+
+def main(argv) -> int:
+    if FLAGS.serve:
+        return serve_main()
+    cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8")
+    sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
+    _fake_devices(devices)
     import jax
 
     from sweet_jax import models
@@ -77,4 +108,11 @@ if __name__ == "__main__":
     flags.DEFINE_float("hbm_gib", 80.0, "Per-device memory budget, GiB.")
     flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
     flags.DEFINE_boolean("search", True, "When over budget, plan the stronger remat policies too.")
+    flags.DEFINE_boolean("serve", False, "Plan the serving engine's decode step (or --rank) instead of training.")
+    flags.DEFINE_string("model", None, "--serve: a model preset name or an HF directory.")
+    flags.DEFINE_integer("batch", 64, "--serve: decode slots.")
+    flags.DEFINE_integer("context", 8192, "--serve: tokens per slot (with --rank: the history's length).")
+    flags.DEFINE_integer("rank", 0, "--serve: plan critic ranking of this many candidates instead of decoding.")
+    flags.DEFINE_integer("candidate_len", 1024, "--serve --rank: tokens per candidate.")
+    flags.DEFINE_string("dtype", "bfloat16", "--serve: the weights' and compute dtype.")
     run(main, errors=(PlanError,))

@@ -112,3 +112,28 @@ def test_prefix_scoring_and_decode_benchmarks_run():
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"greedy tokens agreeing: (\d+)/(\d+)", proc.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) == 16, proc.stdout  # the same model, the same greedy tokens
+
+
+@pytest.mark.slow
+def test_decode_mbu_benchmark_runs():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "decode_mbu.py"), "--models", "tiny", "--batches", "1,2",
+         "--prompt", "16", "--steps", "4", "--dtype", "float32", "--peak-gbs", "20"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"tokens/s .* GB/s .*% MBU", proc.stdout)) == 2, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.environ.get("SWEET_JAX_VLLM_PYTHON", "/nonexistent")),
+                    reason="no vLLM environment (SWEET_JAX_VLLM_PYTHON; `bash launch/setup_vllm.sh`)")
+def test_serve_load_benchmark_runs_against_vllm(tmp_path):
+    from test_vllm import _export
+
+    _export(tmp_path / "model")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "--model", str(tmp_path / "model"),
+         "--conversations", "2", "--turns", "2", "--min-new", "4", "--max-new", "8", "--max-model-len", "1024"],
+        capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"ratio: [\d.]+x vLLM's tokens/s, p50 [\d.]+x vLLM's", proc.stdout), proc.stdout

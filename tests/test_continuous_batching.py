@@ -34,14 +34,8 @@ def _run(engine, coro):
     return asyncio.run(go())
 
 
-def _no_stop(engine, sp):
-    """A request whose only end is max_tokens (no stop tokens)."""
-    engine.stop_tokens = ()
-    return sp
-
-
 def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine):
-    long_sp = _no_stop(engine, SamplingParams(temperature=0.0, max_tokens=900))
+    long_sp = SamplingParams(temperature=0.0, max_tokens=900)
     short_sp = SamplingParams(temperature=0.0, max_tokens=8)
     done = {}
 
@@ -49,7 +43,7 @@ def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine):
         t0 = time.perf_counter()
 
         async def timed(name, prompt, sp):
-            out = await engine.generate(prompt, sp, 1, 0)
+            out = await engine.generate(prompt, sp, 1, 0, ignore_eos=True)
             done[name] = (time.perf_counter() - t0, out)
 
         long_task = asyncio.create_task(timed("long", [1, 2, 3], long_sp))
@@ -65,19 +59,19 @@ def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine):
 
 
 def test_concurrent_results_equal_one_at_a_time_results(engine):
-    _no_stop(engine, None)
     prompts = [[7] * n for n in (1, 5, 30, 2, 17, 60)]
     settings = [SamplingParams(temperature=t, top_p=p, max_tokens=m)
                 for t, p, m in ((0.0, 1.0, 20), (1.0, 1.0, 33), (0.7, 0.9, 9), (1.3, 1.0, 41), (0.0, 1.0, 5),
                                 (1.0, 0.8, 27))]
 
     async def alone():
-        return [await engine.generate(p, sp, 2, 100 + i) for i, (p, sp) in enumerate(zip(prompts, settings))]
+        return [await engine.generate(p, sp, 2, 100 + i, ignore_eos=True)
+                for i, (p, sp) in enumerate(zip(prompts, settings))]
 
     async def together():
         async def late(i):
             await asyncio.sleep(0.05 * i)  # arrivals while others decode
-            return await engine.generate(prompts[i], settings[i], 2, 100 + i)
+            return await engine.generate(prompts[i], settings[i], 2, 100 + i, ignore_eos=True)
         return await asyncio.gather(*(late(i) for i in range(len(prompts))))
 
     one, many = _run(engine, alone), _run(engine, together)
@@ -87,11 +81,10 @@ def test_concurrent_results_equal_one_at_a_time_results(engine):
 
 
 def test_256_concurrent_requests_of_mixed_lengths_complete(engine):
-    _no_stop(engine, None)
 
     async def go():
         reqs = [engine.generate([3 + i % 50] * (1 + i % 97), SamplingParams(temperature=1.0, max_tokens=1 + i % 23),
-                                1 + i % 3, i) for i in range(256)]
+                                1 + i % 3, i, ignore_eos=True) for i in range(256)]
         return await asyncio.gather(*reqs)
 
     out = _run(engine, go)
@@ -102,10 +95,9 @@ def test_256_concurrent_requests_of_mixed_lengths_complete(engine):
 
 
 def test_a_stream_closed_mid_way_frees_its_slots(engine):
-    _no_stop(engine, None)
 
     async def go():
-        stream = engine.stream([1, 2, 3], SamplingParams(temperature=1.0, max_tokens=1000), 4, 0)
+        stream = engine.stream([1, 2, 3], SamplingParams(temperature=1.0, max_tokens=1000), 4, 0, ignore_eos=True)
         async for _ in stream:
             break  # the client goes away after the first chunk
         await stream.aclose()

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from sweet_jax import models
@@ -149,3 +151,22 @@ def test_parse_mesh():
         parse_mesh("fsdp=-1,tensor=3", {}, 8)
     with pytest.raises(PlanError, match="has 8 devices, but --devices=4"):
         parse_mesh("fsdp=8", {}, 4)
+
+
+def test_serve_plan_reports_the_per_device_weights_and_kv_cache(tmp_path):
+    """`plan --serve` on 2 fake devices: the KV cache is slots x context x layers x 2 (k, v) x KV heads x head_dim
+    at 2 bytes, split over the tensor axis, and the weights are half of the bf16 model's bytes (all but the norms
+    split)."""
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.plan", "--serve", "--model", "tiny", "--mesh", "tensor=2",
+                           "--batch", "4", "--context", "256", "--hbm-gib", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "KV cache" in proc.stdout and "fits in 1 GiB" in proc.stdout
+    plan = json.loads(out.read_text())
+    cfg = models.preset("tiny")
+    kv = 4 * 256 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2 / 2
+    assert plan["kv_cache_bytes"] == kv
+    n_params = sum(int(np.prod(s)) for s in jax.tree.leaves(models.param_shapes(cfg), is_leaf=lambda x: isinstance(
+        x, tuple) and all(isinstance(i, int) for i in x)))
+    assert 0.5 * n_params * 2 <= plan["weights_bytes"] <= 0.51 * n_params * 2

@@ -9,7 +9,7 @@ Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/comp
   string).
 - Completions accept a prompt string or a list of token ids. Supported: n, temperature, top_p, top_k, max_tokens
   (0 with `echo` scores the prompt only), stop, logprobs, echo, seed, and vLLM's `prompt_logprobs` (0: each
-  prompt token's own log-prob, in vLLM's format).
+  prompt token's own log-prob, in vLLM's format). Both take vLLM's `ignore_eos`.
 - Generation ends at the chat format's end-of-turn token or the model's EOS, which are not part of the returned
   text. A stop string cuts the text before its first occurrence (finish_reason "stop"), and the token log-probs are
   cut with it.
@@ -41,6 +41,7 @@ class _Body(BaseModel):
     top_k: int = Field(0, ge=-1)
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM's extension: only max_tokens ends a sample
 
 
 class ChatBody(_Body):
@@ -180,11 +181,11 @@ def create_app(engine) -> FastAPI:
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         try:
             if body.stream:
-                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)))
+                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos)
                 return StreamingResponse(_chat_stream(rid, created, engine.model_name, deltas, body.n,
                                                       [detokenizer(body.stop) for _ in range(body.n)],
                                                       body.logprobs), media_type="text/event-stream")
-            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)))
+            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos)
         except ValueError as e:
             return _error(400, str(e))
         completion = sum(len(s.tokens) for s in samples)
@@ -218,7 +219,8 @@ def create_app(engine) -> FastAPI:
         try:
             scored = (body.echo and body.logprobs is not None) or body.prompt_logprobs is not None
             prompt_lps = engine.prompt_logprobs(ids) if scored else None
-            samples = (await engine.generate(ids, *_request(body, body.max_tokens)) if body.max_tokens > 0
+            samples = (await engine.generate(ids, *_request(body, body.max_tokens), ignore_eos=body.ignore_eos)
+                       if body.max_tokens > 0
                        else [Sample([], [], "length")] * body.n)
         except ValueError as e:
             return _error(400, str(e))

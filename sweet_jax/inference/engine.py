@@ -79,14 +79,17 @@ class Engine:
                 log.exception("decode step failed")
 
     # ------------------------------------------------------------------ generation
-    def _sampling(self, sampling: SamplingParams, prompt: list[int], n: int) -> SamplingParams:
+    def _sampling(self, sampling: SamplingParams, prompt: list[int], n: int, ignore_eos: bool) -> SamplingParams:
         sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                  max_tokens=sampling.max_tokens, stop_tokens=self.stop_tokens)
+                                  max_tokens=sampling.max_tokens, stop_tokens=() if ignore_eos else self.stop_tokens)
         self.scheduler.check(prompt, sampling, n)
         return sampling
 
-    async def generate(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> list[Sample]:
-        sampling = self._sampling(sampling, prompt, n)
+    async def generate(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int, *,
+                       ignore_eos: bool = False) -> list[Sample]:
+        """The n samples, ending at the model's EOS or the chat format's end of turn (or, with `ignore_eos`, at
+        max_tokens only)."""
+        sampling = self._sampling(sampling, prompt, n, ignore_eos)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -104,11 +107,12 @@ class Engine:
             self.scheduler.cancel(job)
             raise
 
-    def stream(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> AsyncIterator[list[Sample]]:
+    def stream(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int, *,
+               ignore_eos: bool = False) -> AsyncIterator[list[Sample]]:
         """The n samples' new tokens as they are decoded: lists of n deltas. A request that cannot be served raises
         ValueError here, before anything is queued. Closing the iterator early (a client that went away) frees the
         request's slots."""
-        sampling = self._sampling(sampling, prompt, n)
+        sampling = self._sampling(sampling, prompt, n, ignore_eos)
 
         async def deltas():
             loop = asyncio.get_running_loop()

@@ -158,3 +158,13 @@ def constrain(x, names: Sequence[str | None]):
     mesh, rules = active
     spec = logical_to_spec(names, rules, mesh, x.shape)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def per_device_bytes(tree) -> float:
+    """Bytes of one device's shard of every array in a tree of sharded arrays or ShapeDtypeStructs."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    return float(total)

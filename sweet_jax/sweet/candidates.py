@@ -128,12 +128,11 @@ def sample(s: SampleSettings) -> dict:
     states = states_of(s.input, s.data_fraction)
     placement = Placement.build(s.mesh)
     if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
-        from sweet_jax.colbench.client import LLMClient
         from sweet_jax.sweet import endpoints
 
         loaded = models.LoadedModel(models.config_from_pretrained(s.model), None,
                                     s.model if chat.has_tokenizer(s.model) else None)
-        client = LLMClient(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
+        server = endpoints.Server(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
     else:
         loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings)
         params, cfg = placement.prepare(loaded.params, loaded.cfg)
@@ -147,9 +146,9 @@ def sample(s: SampleSettings) -> dict:
             prompts = [tok.encode(states[i]["input"], add_special_tokens=False) for i in idx]
             seeds = [s.seed + i for i in idx]
             if s.base_url:
-                results = endpoints.sample(client, prompts, n=s.n, temperature=s.temperature, max_tokens=s.max_tokens,
+                results = endpoints.sample(server, prompts, n=s.n, temperature=s.temperature, max_tokens=s.max_tokens,
                                            seeds=seeds, stop=[fmt.eot_id])
-                texts = [[x.tokens for x in samples] for samples in results]
+                texts = [[x.text for x in samples] for samples in results]
             else:
                 results = generate(params, cfg, prompts, sp, n=s.n, seed=seeds, placement=placement)
                 # special tokens are left out of the text, as vLLM's default skip_special_tokens does: a stray

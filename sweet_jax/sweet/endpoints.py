@@ -2,9 +2,11 @@
 n candidates with their log-probs, and scoring continuations of a shared prefix from prompt log-probs. Both send
 token ids, so that the server scores and continues exactly the tokens the in-process path would.
 
-    client = LLMClient("http://127.0.0.1:8000/v1", "critic")
-    lps = continuation_logprobs(client, prefix_ids, [cand_1, ..., cand_16])   # as inference.prefix_scoring's
-    samples = sample(client, [prompt_ids, ...], n=16, temperature=1.0, max_tokens=1024, seeds=[...], stop=[eot])
+    server = Server("http://127.0.0.1:8000/v1", "critic")   # URLs (comma-separated) and the served model name
+    lps = continuation_logprobs(server, prefix_ids, [cand_1, ..., cand_16])   # as inference.prefix_scoring's
+    samples = sample(server, [prompt_ids, ...], n=16, temperature=1.0, max_tokens=1024, seeds=[...], stop=[eot])
+
+Each call runs its requests concurrently (up to `Server.concurrency` at a time) on a client of its own.
 
 - Scoring asks for `prompt_logprobs` (a vLLM extension, which `sweet_jax.serve` also answers) with one new token:
   vLLM's prefix cache then computes a state's shared history once for its 16 candidates.
@@ -15,11 +17,38 @@ token ids, so that the server scores and continues exactly the tokens the in-pro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 
 from sweet_jax.colbench.client import LLMClient
-from sweet_jax.inference.sampling import Sample
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    url: str  # /v1 base URL(s), comma-separated
+    model: str  # the served model name
+    concurrency: int = 32
+
+    def client(self) -> LLMClient:
+        return LLMClient(self.url, self.model, concurrency=self.concurrency)
+
+
+@dataclasses.dataclass
+class TextSample:
+    text: str  # special tokens left out, as the in-process path decodes them
+    logprobs: list[float]  # of the sampled tokens
+    finish_reason: str | None
+
+
+def _run(server: Server, work):
+    async def go():
+        client = server.client()
+        try:
+            return await work(client)
+        finally:
+            await client.close()
+    return asyncio.run(go())
 
 
 def _prompt_logprobs(choice) -> list:
@@ -48,28 +77,27 @@ async def _continuation_logprobs(client: LLMClient, prefix: list[int], spans: li
     return list(await asyncio.gather(*(one(s) for s in spans)))
 
 
-def continuation_logprobs(client: LLMClient, prefix: list[int], spans: list[list[int]]) -> list[np.ndarray]:
+def continuation_logprobs(server: Server, prefix: list[int], spans: list[list[int]]) -> list[np.ndarray]:
     """log p(span[j] | prefix, span[:j]) for each span, from the server's prompt log-probs."""
-    return asyncio.run(_continuation_logprobs(client, prefix, spans))
+    return _run(server, lambda client: _continuation_logprobs(client, prefix, spans))
 
 
 async def _sample(client: LLMClient, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
-                  seeds: list[int], stop: list[int]) -> list[list[Sample]]:
+                  seeds: list[int], stop: list[int]) -> list[list[TextSample]]:
     async def one(ids, seed):
         resp = await client.completion(ids, n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0,
                                        seed=seed, extra_body={"stop_token_ids": stop, "skip_special_tokens": True})
         out = []
         for choice in sorted(resp.choices, key=lambda c: c.index):
             lps = list(choice.logprobs.token_logprobs or []) if choice.logprobs else []
-            out.append(Sample(choice.text, [float(x) for x in lps], choice.finish_reason))
+            out.append(TextSample(choice.text, [float(x) for x in lps], choice.finish_reason))
         return out
 
     return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, seeds))))
 
 
-def sample(client: LLMClient, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
-           seeds: list[int], stop: list[int]) -> list[list[Sample]]:
-    """n samples of each prompt: Samples whose `tokens` field holds the text (special tokens left out, as the
-    in-process path decodes them), with the sampled tokens' log-probs."""
-    return asyncio.run(_sample(client, prompts, n=n, temperature=temperature, max_tokens=max_tokens, seeds=seeds,
-                               stop=stop))
+def sample(server: Server, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
+           seeds: list[int], stop: list[int]) -> list[list[TextSample]]:
+    """n samples of each prompt, with the sampled tokens' log-probs."""
+    return _run(server, lambda client: _sample(client, prompts, n=n, temperature=temperature, max_tokens=max_tokens,
+                                               seeds=seeds, stop=stop))

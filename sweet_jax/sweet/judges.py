@@ -81,10 +81,10 @@ def _logprobs(model_key: tuple, scorer, prefix: list[int], spans: list[list[int]
 def _scorer(loaded=None, url: str | None = None, name: str = "", placement=None):
     """Continuation log-probs from the placed model, or from the server(s) at `url`."""
     if url:
-        from sweet_jax.colbench.client import LLMClient
         from sweet_jax.sweet import endpoints
 
-        return lambda prefix, spans: endpoints.continuation_logprobs(LLMClient(url, name), prefix, spans)
+        server = endpoints.Server(url, name)
+        return lambda prefix, spans: endpoints.continuation_logprobs(server, prefix, spans)
     from sweet_jax.inference.prefix_scoring import continuation_logprobs
 
     return lambda prefix, spans: continuation_logprobs(loaded.params, loaded.cfg, prefix, spans, placement=placement)

@@ -57,8 +57,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 from sweet_jax.cli.app import command_line
@@ -85,6 +83,9 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+SCORING_ROLES = ("rank", "reference")  # servers that score prompts rather than sample
+
+
 class StageError(RuntimeError):
     """A stage's job failed; the message names the stage and its log."""
 
@@ -105,7 +106,7 @@ class Run:
     def __init__(self, cfg, python: str = sys.executable):
         self.cfg, self.python = cfg, python
         self.dir = os.path.abspath(cfg.run_dir)
-        self._servers: dict[str, tuple[subprocess.Popen, str, object]] = {}  # kept servers, by model path
+        self._servers: dict[tuple, object] = {}  # kept servers (`ManagedServer`), by model path and settings
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
         # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
@@ -163,67 +164,70 @@ class Run:
             raise StageError(f"stage '{stage}': `{' '.join(cmd[2:4])} ...` exited with {proc.returncode}; log "
                              f"{logfile}:\n{tail}")
 
+    def backend(self, role: str):
+        """The `inference` settings of a role (agent, simulator, sample, rank, reference): its backend
+        (`inference.roles.<role>`, else `inference.backend`), endpoints and server flags."""
+        from sweet_jax.inference.backends import BackendSettings
+
+        inf = self.cfg.get("inference") or {}
+        roles, endpoints = dict(inf.get("roles", {})), dict(inf.get("endpoints", {}))
+        serve = self.cfg.serve
+        return BackendSettings(
+            backend=roles.get(role) or inf.get("backend", "sweet_jax"), endpoints=endpoints.get(role, ""),
+            max_model_len=serve.max_model_len, max_batch=serve.get("max_batch", 16), mesh=inf.get("mesh", ""),
+            tensor_parallel_size=inf.get("tensor_parallel_size", 1), dtype=inf.get("dtype", "auto"),
+            memory_fraction=inf.get("memory_fraction", 0.0), vllm_python=inf.get("vllm_python", ""),
+            extra_args=inf.get("extra_args", ""), start_timeout_s=serve.start_timeout_s)
+
     @contextlib.contextmanager
-    def served(self, stage: str, model: str):
-        """`sweet_jax.serve --model MODEL` on a free local port; yields its /v1 base URL. The server stops when the
-        block ends, or with `serve.keep` it stays up (warm) for every later stage that serves the same model, until
-        `close()`: the tiny pipeline's simulator, and its initial policy, serve five evaluation stages. Stages
-        running at the same time share a kept server; the first to need it starts it."""
-        if not self.cfg.serve.get("keep", False):
-            proc, url, fh = self._start_server(stage, model)
-            try:
-                yield url
-            finally:
-                _stop(proc, fh)
+    def served(self, stage: str, model: str, role: str = "agent"):
+        """A server of `model` for `role`, by its backend (`inference.backends`): `sweet_jax.serve` or vLLM on a
+        free local port, or the role's endpoints; yields the /v1 base URL(s). A started server is restarted if it
+        dies. It stops when the block ends, or with `serve.keep` it stays up (warm) for every later stage that serves
+        the same model the same way, until `close()`: the tiny pipeline's simulator, and its initial policy, serve
+        five evaluation stages. Stages running at the same time share a kept server; the first to need it starts
+        it."""
+        settings = self.backend(role)
+        if role in SCORING_ROLES:  # prompt log-probs must be computed, never read from vLLM's prefix cache
+            settings = dataclasses.replace(settings, prefix_caching=False)
+        if settings.backend == "endpoint":
+            yield settings.endpoints
             return
-        key = os.path.realpath(model)
+        if not self.cfg.serve.get("keep", False):
+            server = self._start_server(stage, model, settings)
+            try:
+                yield server.url + "/v1"
+            finally:
+                server.stop()
+            return
+        key = (os.path.realpath(model), settings)
         with self._lock:
             lock = self._starting.setdefault(key, threading.Lock())
         with lock:
             if key not in self._servers:
-                self._servers[key] = self._start_server(stage, model)
-        yield self._servers[key][1]
+                self._servers[key] = self._start_server(stage, model, settings)
+        yield self._servers[key].url + "/v1"
 
-    def _start_server(self, stage: str, model: str) -> tuple[subprocess.Popen, str, object]:
-        """(process, /v1 URL, log file) of a server that answers /health."""
+    def _start_server(self, stage: str, model: str, settings):
+        """A `ManagedServer` of `model` that answers /health."""
+        from sweet_jax.inference.backends import ManagedServer, ServerError, server_command
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.makedirs(self.path("logs"), exist_ok=True)
         logfile = self.path("logs", f"{stage}.serve.log")
-        fh = open(logfile, "a")
-        from sweet_jax.inference.server import ServeSettings
-
-        settings = ServeSettings(model=model, port=port, max_model_len=self.cfg.serve.max_model_len,
-                                 max_batch=self.cfg.serve.get("max_batch", 64))
-        proc = subprocess.Popen([self.python, *command_line("serve", settings)], cwd=ROOT, stdout=fh,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=self.env)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + self.cfg.serve.start_timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                return proc, url + "/v1", fh
-            except (urllib.error.URLError, ConnectionError):
-                if proc.poll() is not None or time.time() > deadline:
-                    _stop(proc, fh)
-                    raise StageError(f"stage '{stage}': the server for {model} did not start; log {logfile}")
-                time.sleep(0.5)
+        try:
+            cmd = server_command(settings, model, port, self.python)
+            return ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT, start_timeout_s=settings.start_timeout_s,
+                                 preexec_fn=_die_with_parent, what=f"{settings.backend} server of {model}").start()
+        except ServerError as e:
+            raise StageError(f"stage '{stage}': {e}") from None
 
     def close(self) -> None:
         """Stop the servers kept up by `serve.keep`."""
         while self._servers:
-            proc, _, fh = self._servers.popitem()[1]
-            _stop(proc, fh)
-
-
-def _stop(proc: subprocess.Popen, fh) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    fh.close()
+            self._servers.popitem()[1].stop()
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -233,7 +237,8 @@ def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, ro
     c = run.cfg.collect
     if not tasks:
         raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
-    with run.served(stage, agent_model) as agent, run.served(stage + "_simulator", run.simulator) as sim:
+    with (run.served(stage, agent_model, "agent") as agent,
+          run.served(stage + "_simulator", run.simulator, "simulator") as sim):
         run.job(stage, "collect", config=os.path.join(ROOT, "configs", "collect_backend.py"), overrides={
             "tasks": tasks, "output": output, "limit": c.limit, "rollouts": rollouts, "max_steps": c.max_steps,
             "concurrency": c.concurrency, "agent.base_url": agent,
@@ -302,6 +307,8 @@ def stage_data(run: Run) -> dict:
 
 
 def _train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
+    if run.cfg.serve.get("release_for_training", False) and int(run.cfg.get("jobs", 1)) == 1:
+        run.close()  # the kept servers hand the accelerators to the trainer
     out = run.path(stage)
     run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
         f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides])
@@ -323,22 +330,41 @@ def _ablation(stage: str):
     return run_stage
 
 
+def _in_process(run: Run, role: str) -> bool:
+    return run.backend(role).backend == "sweet_jax"
+
+
+@contextlib.contextmanager
+def _maybe_served(run: Run, stage: str, model: str | None, role: str):
+    """None when the role runs in process (the project's engine inside the stage's job), else a server's URL."""
+    if model is None or _in_process(run, role):
+        yield None
+    else:
+        with run.served(stage, model, role) as url:
+            yield url
+
+
 def stage_sample(run: Run) -> dict:
     b = run.cfg.best_of_n
-    run.job("sample", "best_of_n", candidates.SampleSettings(
-        model=run.policy_init, input=run.path("data", "train_trajectories.jsonl"),
-        output=run.path("bon", "sampled.jsonl"), data_fraction=b.data_fraction, n=b.n, temperature=b.temperature,
-        max_tokens=b.max_tokens, batch=b.batch), subcommand="sample")
+    with _maybe_served(run, "sample", run.policy_init, "sample") as url:
+        run.job("sample", "best_of_n", candidates.SampleSettings(
+            model=run.policy_init, input=run.path("data", "train_trajectories.jsonl"),
+            output=run.path("bon", "sampled.jsonl"), data_fraction=b.data_fraction, n=b.n,
+            temperature=b.temperature, max_tokens=b.max_tokens, batch=b.batch, base_url=url,
+            mesh=run.backend("sample").mesh or None), subcommand="sample")
     return {"states": sum(1 for _ in open(run.path("bon", "sampled.jsonl")))}
 
 
 def stage_rank(run: Run) -> dict:
     r = run.cfg.rank
-    run.job("rank", "best_of_n", candidates.RankSettings(
-        critic=run.path("critic", "hf"), input=run.path("bon", "sampled.jsonl"),
-        output=run.path("bon", "ranked.jsonl"), reference=r.reference,
-        reference_model=run.policy_init if r.reference == "model" else None, use_sum=bool(r.use_sum),
-        no_info=bool(r.no_info), no_header=bool(r.no_header)), subcommand="rank")
+    reference = run.policy_init if r.reference == "model" else None
+    with (_maybe_served(run, "rank", run.path("critic", "hf"), "rank") as critic_url,
+          _maybe_served(run, "rank_reference", reference, "reference") as reference_url):
+        run.job("rank", "best_of_n", candidates.RankSettings(
+            critic=run.path("critic", "hf"), input=run.path("bon", "sampled.jsonl"),
+            output=run.path("bon", "ranked.jsonl"), reference=r.reference, reference_model=reference,
+            use_sum=bool(r.use_sum), no_info=bool(r.no_info), no_header=bool(r.no_header), critic_url=critic_url,
+            reference_url=reference_url, mesh=run.backend("rank").mesh or None), subcommand="rank")
     return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
 
 

@@ -24,7 +24,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sweet_jax import models
 from sweet_jax.data.buckets import bucket_length
@@ -69,15 +68,6 @@ class Plan:
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "total_bytes": self.total_bytes,
                 "model_flops_per_device": self.model_flops / self.devices}
-
-
-def _per_device_bytes(tree) -> float:
-    """Bytes of one device's shard of every array in a tree of sharded ShapeDtypeStructs."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
-    return float(total)
 
 
 def row_length(seq_len: int, turn_len: int, min_bucket: int) -> int:
@@ -153,12 +143,13 @@ def plan_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int
     mem = compiled.memory_analysis()
     state = layout.abstract_state()
     rows, row_len = rows_of(cfg, micro, turn_len), row_length(seq_len, turn_len, cfg.data.min_bucket)
-    frozen = (_per_device_bytes(state["params"]) if cfg.objective in obj.WITH_REFERENCE
+    frozen = (sharding.per_device_bytes(state["params"]) if cfg.objective in obj.WITH_REFERENCE
               and cfg.loss.reference == "recompute" else 0.0)
     return Plan(
         remat_policy=model_cfg.remat_policy, rules=rules, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
         turn_len=turn_len, row_len=row_len,
-        params_bytes=_per_device_bytes(state["params"]), opt_state_bytes=_per_device_bytes(state["opt_state"]),
+        params_bytes=sharding.per_device_bytes(state["params"]),
+        opt_state_bytes=sharding.per_device_bytes(state["opt_state"]),
         frozen_reference_bytes=frozen, argument_bytes=float(mem.argument_size_in_bytes),
         output_bytes=float(mem.output_size_in_bytes), alias_bytes=float(mem.alias_size_in_bytes),
         temp_bytes=float(mem.temp_size_in_bytes), compile_seconds=seconds,
