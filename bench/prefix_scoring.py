@@ -1,10 +1,11 @@
 """Ranking-step scoring: 16 candidates after one long history, scored on a shared-prefix KV cache vs each full
-sequence scored on its own (target: >= 4x faster).
+sequence scored on its own (target: >= 7x faster; for 16 x 256 tokens after 4,096 the FLOP ideal is 8.5x).
 
-Both sides are sweet_jax on the same random model and compute the same numbers (checked here to 1e-3, f32 rounding of logits of size ~10). The
-independent side is how the official ranking script scores: one prompt per candidate (history + candidate). It uses
-the trainer's gathered log-probs, so only the candidate positions go through the LM head. The shared side is
-`sweet_jax.inference.prefix_scoring.continuation_logprobs`.
+Both sides are sweet_jax on the same random model and compute the same numbers (checked here to 1e-3, f32 rounding
+of logits of size ~10). The independent side is how the official ranking script scores: one prompt per candidate
+(history + candidate). It uses the trainer's gathered log-probs, so only the candidate positions go through the LM
+head. The shared side is `sweet_jax.inference.prefix_scoring.continuation_logprobs`, whose candidates read the
+history's cache without copying it.
 
     python bench/prefix_scoring.py                          # d256, 4 layers, V 32000, history 4096, 16 x 256
     python bench/prefix_scoring.py --history 512 --cand 64 --repeats 1
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
     print(f"model: d{args.hidden} / {args.layers} layers / V {args.vocab}; {args.num} candidates x {args.cand} "
           f"tokens after a {args.history}-token history; {jax.devices()[0].platform}")
     print(f"shared prefix: {shared:.3f} s; independent full sequences: {indep:.3f} s; max |log-prob diff| {diff:.1e}")
-    print(f"speed-up shared / independent: {indep / shared:.2f}x (target >= 4x: "
-          f"{'PASS' if indep / shared >= 4 else 'below target'})")
+    print(f"speed-up shared / independent: {indep / shared:.2f}x (target >= 7x: "
+          f"{'PASS' if indep / shared >= 7 else 'below target'})")
     return 0 if diff < 1e-3 else 1  # the same numbers up to f32 rounding (logits of size ~10 here)
 
 

@@ -148,3 +148,30 @@ def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(f
     again = _run(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(out.read_text()) == result
+
+
+@pytest.mark.slow
+def test_sample_and_rank_split_over_the_processes_of_a_distributed_job(files, tmp_path):
+    """Two processes of a local jax.distributed job: each samples and ranks every other state into its own partial
+    file, and process 0 merges them in order: the same files as one process writes (the seeds are per state)."""
+    from multidevice import run_processes
+
+    sample = [sys.executable, "-m", "sweet_jax.best_of_n", "sample", "--model", str(files / "policy"), "--input",
+              str(files / "traj.jsonl"), "--output", str(tmp_path / "sampled.jsonl"), "--data-fraction", "0.5",
+              "--n", "4", "--max-tokens", "6", "--batch", "2"]
+    for proc in run_processes(sample, n_processes=2, devices_per_process=1, cwd=ROOT):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one = [json.loads(line) for line in open(files / "sampled.jsonl")]
+    two = [json.loads(line) for line in open(tmp_path / "sampled.jsonl")]
+    assert [r["additional_outputs"] for r in two] == [r["additional_outputs"] for r in one]
+    assert not list(tmp_path.glob("*.partial*"))
+    rank = [sys.executable, "-m", "sweet_jax.best_of_n", "rank", "--critic", str(files / "other"), "--input",
+            str(tmp_path / "sampled.jsonl"), "--output", str(tmp_path / "ranked.jsonl")]
+    for proc in run_processes(rank, n_processes=2, devices_per_process=1, cwd=ROOT):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    alone = _run("rank", "--critic", files / "other", "--input", tmp_path / "sampled.jsonl", "--output",
+                 tmp_path / "ranked_one.jsonl")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    np.testing.assert_allclose([r["judge_result"] for r in map(json.loads, open(tmp_path / "ranked.jsonl"))],
+                               [r["judge_result"] for r in map(json.loads, open(tmp_path / "ranked_one.jsonl"))],
+                               atol=1e-6)

@@ -21,6 +21,7 @@ SHAPE = dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, 
 # on CPU, --gpu-memory-utilization is a fraction of the NUMA node's memory, and vLLM refuses to start when that much
 # is not free: a small KV cache is plenty here
 MEMORY = 0.15
+EAGER = "--enforce-eager"  # no graph capture: a faster start, which is most of these tests' time
 
 
 def _export(path):
@@ -56,7 +57,8 @@ def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores(tmp_path):
         port = s.getsockname()[1]
     # as the pipeline starts its scoring servers: vLLM 0.32 gives stale prompt log-probs at prefix-cached positions
     settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=16, dtype="float32",
-                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, prefix_caching=False)
+                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, prefix_caching=False,
+                               extra_args=EAGER)
     server = ManagedServer(server_command(settings, str(tmp_path / "model"), port, sys.executable), port,
                            str(tmp_path / "vllm.log"), start_timeout_s=900, what="vLLM").start()
     try:
@@ -79,6 +81,7 @@ CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
 VLLM_RUN = [
     "--config.inference.backend=vllm", f"--config.inference.vllm_python={VLLM_PYTHON}",
     "--config.inference.dtype=float32", f"--config.inference.memory_fraction={MEMORY}",
+    f"--config.inference.extra_args={EAGER}",
     *(f"--config.init.overrides.{k}={v}" for k, v in SHAPE.items()), "--config.pretrain.config=",
     "--config.tasks.num_train=30", "--config.tasks.num_test=4", "--config.collect.limit=0",
     "--config.collect.rollouts=2", "--config.test.rollouts=1", "--config.best_of_n_eval.enabled=False",

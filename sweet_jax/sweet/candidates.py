@@ -18,7 +18,9 @@ preference pairs. The files use the official intermediate layouts.
 - `pairs(PairsSettings)`: per state, `num_pairs` random draws of one candidate from the top half and one from the
   bottom half of the judge ranking (seed 42); strings as the official script writes them.
 
-sample and rank append finished records to OUT.partial and resume from it after a kill; OUT appears atomically.
+sample and rank append finished records to OUT.partial and resume from it after a kill; OUT appears atomically. In
+a `jax.distributed` job (a multi-host launch), each process takes every P-th state into its own OUT.partial.<index>,
+and process 0 merges them in order.
 The settings dataclasses are the flags of `python -m sweet_jax.best_of_n sample|rank|pairs`.
 """
 
@@ -108,11 +110,51 @@ def states_of(path: str, data_fraction: float) -> list[dict]:
     return states
 
 
-def _by_line(output: str):
+def _by_line(output: str, suffix: str = ".partial"):
     """The resumable OUT.partial of a job whose records follow the input's order: items {"line", "record"}."""
     from sweet_jax.files.partial import PartialFile
 
-    return PartialFile(output, key=lambda item: item["line"])
+    return PartialFile(output, key=lambda item: item["line"], suffix=suffix)
+
+
+class _Share:
+    """This process's share of a job's input lines in a `jax.distributed` job (every line in a single process):
+    lines i with i % processes == index, in its own partial file OUT.partial.<index>. `finish` waits for every
+    process, then process 0 merges the partial files in line order into OUT."""
+
+    def __init__(self, output: str, lines: int):
+        import jax
+
+        from sweet_jax.parallel import distributed
+
+        distributed.initialize()
+        self.index, self.count, self.output, self.lines = jax.process_index(), jax.process_count(), output, lines
+        self.part = _by_line(output, ".partial" if self.count == 1 else f".partial.{self.index}")
+
+    def todo(self) -> list[int]:
+        return [i for i in range(self.index, self.lines, self.count) if i not in self.part.done]
+
+    def finish(self) -> None:
+        if self.count == 1:
+            self.part.finish([self.part.done[i]["record"] for i in range(self.lines)])
+            return
+        from jax.experimental import multihost_utils
+
+        self.part.close()
+        multihost_utils.sync_global_devices(f"{self.output}: every share written")
+        if self.index == 0:
+            import os
+
+            from sweet_jax.files.jsonl import write_jsonl
+
+            parts = [_by_line(self.output, f".partial.{p}") for p in range(self.count)]
+            done = {k: v for part in parts for k, v in part.done.items()}
+            for part in parts:
+                part.close()
+            write_jsonl(self.output, [done[i]["record"] for i in range(self.lines)])
+            for part in parts:
+                os.remove(part.path)
+        multihost_utils.sync_global_devices(f"{self.output}: merged")
 
 
 def sample(s: SampleSettings) -> dict:
@@ -126,6 +168,7 @@ def sample(s: SampleSettings) -> dict:
     from sweet_jax.inference.scheduler import generate
 
     states = states_of(s.input, s.data_fraction)
+    share = _Share(s.output, len(states))  # (joins a multi-process job before jax touches a device)
     placement = Placement.build(s.mesh)
     if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
         from sweet_jax.sweet import endpoints
@@ -139,8 +182,8 @@ def sample(s: SampleSettings) -> dict:
     tok = loaded.tokenizer(s.tokenizer)
     fmt = chat.get_format(loaded.chat_format).tokenized(tok)
     sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(fmt.eot_id,))
-    with _by_line(s.output) as part:
-        todo = [i for i in range(len(states)) if i not in part.done]
+    with share.part as part:
+        todo = share.todo()
         for start in tqdm(range(0, len(todo), s.batch), desc="sample best-of-n", disable=None):
             idx = todo[start:start + s.batch]
             prompts = [tok.encode(states[i]["input"], add_special_tokens=False) for i in idx]
@@ -159,7 +202,7 @@ def sample(s: SampleSettings) -> dict:
                     **states[i], "additional_outputs": text,
                     "additional_reference_logprobs": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
                     "additional_reference_logprobs_sum": [sum(x.logprobs) for x in samples]}})
-        part.finish([part.done[i]["record"] for i in range(len(states))])
+    share.finish()
     return {"states": len(states), "candidates": len(states) * s.n}
 
 
@@ -175,6 +218,7 @@ def rank(s: RankSettings) -> dict:
     from sweet_jax.sweet.judges import Judge
 
     records = read_jsonl(s.input, RANK_FIELDS)
+    share = _Share(s.output, len(records))  # (joins a multi-process job before jax touches a device)
     if s.reference == "model" and not s.reference_model:
         raise DataError("--reference model needs --reference_model (the frozen reference critic)")
     from sweet_jax.inference.placement import Placement
@@ -183,15 +227,14 @@ def rank(s: RankSettings) -> dict:
                   reference_model=s.reference_model if s.reference == "model" else None, tokenizer=s.tokenizer,
                   dtype=s.dtype, placement=Placement.build(s.mesh), base_url=s.critic_url,
                   reference_url=s.reference_url)
-    with _by_line(s.output) as part:
-        for i, rec in enumerate(tqdm(records, desc="rank with the critic", disable=None)):
-            if i in part.done:
-                continue
+    with share.part as part:
+        for i in tqdm(share.todo(), desc="rank with the critic", disable=None):
+            rec = records[i]
             scores = judge(rec["input"], rec["ground_truth"], rec["additional_outputs"],
                            rec["additional_reference_logprobs"], rec["additional_reference_logprobs_sum"],
                            where=f"{s.input}:{i + 1}")
             part.append({"line": i, "record": {**rec, "judge_result": scores}})
-        part.finish([part.done[i]["record"] for i in range(len(records))])
+    share.finish()
     return {"states": len(records)}
 
 
