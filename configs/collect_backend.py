@@ -34,6 +34,9 @@ def get_config():
     c.rollouts = 1  # k conversations per task
     c.output = "runs/rollouts/backend.jsonl"
     c.max_steps = 10
+    # the agent's turn t of task i, rollout k is sampled with seed seed + 1000003 i + 1009 k + t (None: the server's
+    # own random seeds); against sweet_jax.serve, a rerun then replays the same conversations
+    c.seed = 0
     c.concurrency = 32  # conversations in flight (and requests per endpoint)
     c.evaluate = True  # score answers in the sandbox as they finish (`reward`)
     c.semantics = "reference"  # backend: reference | clean (see sweet_jax.evaluate)

@@ -180,6 +180,31 @@ def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_p
         assert rec["reward"] is not None
 
 
+def test_a_seeded_collection_replays_the_same_conversations_at_any_concurrency(server, tmp_path):
+    """Continuous batching makes collection reproducible: the same seed, with 8 conversations in flight or one at a
+    time, gives the same sampled conversations (agent at temperature 1)."""
+    from system import colbench_file
+
+    tasks = colbench_file("backend_test.jsonl")
+    outs = []
+    for i, concurrency in enumerate((8, 1)):
+        out = tmp_path / f"out{i}.jsonl"
+        proc = subprocess.run(
+            [sys.executable, "-m", "sweet_jax.collect", "--config", os.path.join(ROOT, "configs", "collect_backend.py"),
+             f"--config.tasks={tasks}", f"--config.output={out}", "--config.limit=4", "--config.rollouts=2",
+             "--config.max_steps=2", f"--config.concurrency={concurrency}", "--config.evaluate=False",
+             f"--config.agent.base_url={server['url']}/v1", "--config.agent.model=model",
+             "--config.agent.max_tokens=12", "--config.agent.temperature=1.0",
+             f"--config.simulator.base_url={server['url']}/v1", "--config.simulator.model=model",
+             "--config.simulator.max_tokens=12"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs = [json.loads(line) for line in open(out)]
+        outs.append({(r["task_id"], r["rollout"]): r["dialogue_history"] for r in recs})
+    assert len(outs[0]) == 8 and outs[0] == outs[1]
+    first = [h for (t, k), h in outs[0].items() if t == 0]
+    assert first[0] != first[1]  # the two rollouts of a task differ: they were sampled, with different seeds
+
+
 def test_streamed_chat_with_a_stop_string_matches_the_whole_response(server):
     c = _client(server)
     full = c.chat.completions.create(model="model", messages=MESSAGES, max_tokens=24, temperature=0.0)

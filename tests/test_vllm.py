@@ -55,9 +55,9 @@ def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # as the pipeline starts its scoring servers: vLLM 0.32 gives stale prompt log-probs at prefix-cached positions
+    # with vLLM's prefix cache on, as the pipeline runs it: the spans share a header, as ranking's do
     settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=16, dtype="float32",
-                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, prefix_caching=False,
+                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON,
                                extra_args=EAGER)
     server = ManagedServer(server_command(settings, str(tmp_path / "model"), port, sys.executable), port,
                            str(tmp_path / "vllm.log"), start_timeout_s=900, what="vLLM").start()
@@ -139,8 +139,11 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
         assert "vllm.entrypoints.openai.api_server" in (run / "logs" / f"{stage}.serve.log").read_text()
     ranked = [json.loads(line) for line in open(run / "bon" / "ranked.jsonl")]
     assert ranked and all(len(r["judge_result"]) == 4 for r in ranked)
-    candidates.rank(candidates.RankSettings(critic=str(run / "critic" / "hf"), input=str(run / "bon" / "sampled.jsonl"),
-                                            output=str(tmp_path / "ranked_in_process.jsonl")))
+    r = json.loads((run / "config.json").read_text())["rank"]  # the run's ranking settings, in process
+    candidates.rank(candidates.RankSettings(
+        critic=str(run / "critic" / "hf"), input=str(run / "bon" / "sampled.jsonl"),
+        output=str(tmp_path / "ranked_in_process.jsonl"), use_sum=bool(r["use_sum"]), no_info=bool(r["no_info"]),
+        no_header=bool(r["no_header"])))
     local = [json.loads(line) for line in open(tmp_path / "ranked_in_process.jsonl")]
     worst = max(float(np.abs(np.subtract(a["judge_result"], b["judge_result"])).max()) for a, b in zip(ranked, local))
     assert len(local) == len(ranked) and worst <= 1e-4, worst

@@ -107,7 +107,8 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
                                                       png_data_url, cfg.max_steps)
                 else:
                     episode = BackendEpisode(task, max_steps=cfg.max_steps)
-                rec = await run_episode(episode, agent, simulator, agent_sampling, simulator_sampling)
+                seed = None if cfg.get("seed") is None else cfg.seed + 1_000_003 * key[0] + 1_009 * key[1]
+                rec = await run_episode(episode, agent, simulator, agent_sampling, simulator_sampling, seed)
             except Exception as e:  # retries exhausted, or a non-retryable API error
                 failed.append((key, f"{type(e).__name__}: {e}"))
                 log.warning("task %d rollout %d failed: %s: %s", key[0], key[1], type(e).__name__, e)

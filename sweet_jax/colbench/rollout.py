@@ -39,12 +39,18 @@ class SimulatorSampling:
 
 async def run_episode(episode: Episode, agent: LLMClient, simulator: LLMClient,
                       agent_sampling: AgentSampling = AgentSampling(),
-                      simulator_sampling: SimulatorSampling = SimulatorSampling()) -> dict:
-    """Play `episode` to its end; returns its trajectory record (without a reward)."""
+                      simulator_sampling: SimulatorSampling = SimulatorSampling(), seed: int | None = None) -> dict:
+    """Play `episode` to its end; returns its trajectory record (without a reward). With `seed`, the agent's turn t
+    is sampled with seed `seed + t`: against a server whose samples depend only on prompt, settings and seed (the
+    project's own), the same seed replays the same conversation."""
     kw = dict(temperature=agent_sampling.temperature, top_p=agent_sampling.top_p,
               max_tokens=agent_sampling.max_tokens)
+    turn = 0
     while not episode.done:
         prompt = episode.agent_prompt()
+        if seed is not None:
+            kw["seed"] = (seed + turn) & 0x7FFFFFFF
+        turn += 1
         if agent_sampling.api == "completions":
             raw = await agent.complete(prompt, **kw)
         else:

@@ -42,7 +42,6 @@ class BackendSettings:
     memory_fraction: float = 0.0  # vLLM --gpu-memory-utilization (on CPU: of the NUMA node's memory); 0 = its default
     vllm_python: str = ""  # the python of vLLM's environment; default $SWEET_JAX_VLLM_PYTHON
     extra_args: str = ""  # more command-line flags for the server, shell-quoted
-    prefix_caching: bool = True  # vLLM; off for scoring servers (see `server_command`)
     start_timeout_s: float = 900.0
 
     def __post_init__(self):
@@ -79,10 +78,7 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
                 "--host", "127.0.0.1", "--served-model-name", name, "--max-model-len", str(s.max_model_len),
                 "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", dtype,
                 "--max-num-seqs", str(s.max_batch),
-                *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []),
-                # vLLM 0.32 answers prompt_logprobs at prefix-cached positions with stale values (seen here: ranking
-                # scores off by up to 0.97 where the candidates' shared assistant header fell in a cached block)
-                *([] if s.prefix_caching else ["--no-enable-prefix-caching"]), *extra]
+                *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
     raise ServerError(f"backend {s.backend!r} starts no server")
 
 

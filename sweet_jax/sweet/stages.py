@@ -83,9 +83,6 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-SCORING_ROLES = ("rank", "reference")  # servers that score prompts rather than sample
-
-
 class StageError(RuntimeError):
     """A stage's job failed; the message names the stage and its log."""
 
@@ -188,8 +185,6 @@ class Run:
         five evaluation stages. Stages running at the same time share a kept server; the first to need it starts
         it."""
         settings = self.backend(role)
-        if role in SCORING_ROLES:  # prompt log-probs must be computed, never read from vLLM's prefix cache
-            settings = dataclasses.replace(settings, prefix_caching=False)
         if settings.backend == "endpoint":
             yield settings.endpoints
             return
