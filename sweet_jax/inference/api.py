@@ -164,6 +164,8 @@ def create_app(engine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
+        if engine.chat_error:
+            return _error(400, engine.chat_error)
         try:
             messages = []
             for i, m in enumerate(body.messages):

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -108,9 +109,17 @@ class ManagedServer:
         fh = open(self.logfile, "a")
         fh.write(f"\n$ {shlex.join(self.cmd)}\n")
         fh.flush()
+        # its own process group: vLLM's engine and workers are children that outlive a killed API server, and are
+        # killed with the group before a restart
         self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                     preexec_fn=self.preexec_fn)
+                                     preexec_fn=self.preexec_fn, start_new_session=True)
         fh.close()
+
+    def _kill_group(self, sig=signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _wait_healthy(self) -> None:
         deadline = time.time() + self.start_timeout_s
@@ -136,6 +145,7 @@ class ManagedServer:
                 self.restarts += 1
                 log.warning("the %s exited with %s; restarting it (restart %d), log %s", self.what,
                             self.proc.returncode, self.restarts, self.logfile)
+                self._kill_group()  # what the dead server left behind
                 try:
                     self._launch()
                     deadline = time.time() + self.start_timeout_s
@@ -148,10 +158,12 @@ class ManagedServer:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._kill_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        self._kill_group()

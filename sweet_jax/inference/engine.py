@@ -44,7 +44,13 @@ class Engine:
         self.model_name = model_name
         self.max_batch, self.max_model_len, self.stream_segment = max_batch, max_model_len, stream_segment
         eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
-        eot = self.chat.tokenized(tokenizer).eot_id
+        # a tokenizer without the chat format's tokens serves completions only (ending at the model's EOS)
+        self.chat_error: str | None = None
+        try:
+            eot = self.chat.tokenized(tokenizer).eot_id
+        except ValueError as e:
+            eot, self.chat_error = None, f"chat completions are unavailable for this model: {e}"
+            log.warning("%s; /v1/completions still serves", self.chat_error)
         self.stop_tokens = tuple(sorted({t for t in (*eos, eot) if isinstance(t, int) and t >= 0}))
         self.device_lock = threading.Lock()
         self._thread: threading.Thread | None = None
