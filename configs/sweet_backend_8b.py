@@ -39,7 +39,7 @@ def get_config():
     c.test = ml_collections.ConfigDict(dict(rollouts=1))
     # keep=False: the servers free the accelerators for the training stages in between
     c.serve = ml_collections.ConfigDict(dict(max_model_len=16384, max_batch=64, start_timeout_s=1800, keep=False,
-                                             release_for_training=True))
+                                             release_for_training=True, reruns_after_restart=2))
     c.inference.backend = "vllm"
     c.inference.tensor_parallel_size = 8
     c.inference.dtype = "bfloat16"

@@ -48,8 +48,9 @@ def get_config():
     c.test = ml_collections.ConfigDict(dict(rollouts=2))  # 100 episodes per method and seed
     # keep: a server stays up for every later stage that serves the same model (the initial policy is also the
     # simulator, so one warm server plays both parts in the five collection and evaluation stages)
+    # reruns_after_restart: a job that failed while a server it used was restarted runs again (resuming) this often
     c.serve = ml_collections.ConfigDict(dict(max_model_len=2048, max_batch=64, start_timeout_s=300, keep=True,
-                                             release_for_training=False))
+                                             release_for_training=False, reruns_after_restart=2))
     # Where each inference role runs (`sweet_jax.inference.backends`): "sweet_jax" (the project's engine: a started
     # `sweet_jax.serve` for the agent and simulator, in process for sample and rank), "vllm" (`vllm serve` started on
     # the role's HF export, from the vLLM environment's python: vllm_python or $SWEET_JAX_VLLM_PYTHON), or

@@ -26,13 +26,14 @@ PLAIN_PAGE = "<html><body><p>plain</p></body></html>"
 
 class FakeOpenAI:
     def __init__(self, tasks: list[dict], fault_rate: float = 0.0, slow_s: float = 3.0, seed: int = 0,
-                 frontend: bool = False, chat_reply=None):
+                 frontend: bool = False, chat_reply=None, port: int = 0, delay_s: float = 0.0):
         self.frontend = frontend
         self.chat_reply = chat_reply  # body -> reply text, instead of the simulator's fixed reply
         self.chat_images: list[int] = []  # image parts per simulator request
         self.by_description = {t["problem_description"].strip(): (i, t) for i, t in enumerate(tasks)}
         self.fault_rate = fault_rate
         self.slow_s = slow_s
+        self.delay_s = delay_s  # every reply waits this long (a server with work to do)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "500": 0, "slow": 0, "drop": 0}
@@ -61,6 +62,7 @@ class FakeOpenAI:
                     return  # no response at all: the client sees the connection drop
                 if fault == "slow":
                     time.sleep(server.slow_s)
+                time.sleep(server.delay_s)
                 if self.path.endswith("/completions") and "chat" not in self.path:
                     text = server.agent(body["prompt"])
                     return self._send(200, {"id": "c", "object": "text_completion", "created": 0,
@@ -89,7 +91,7 @@ class FakeOpenAI:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -112,3 +114,15 @@ class FakeOpenAI:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+
+if __name__ == "__main__":  # a server process, for tests that kill it: fake_openai.py PORT TASKS LIMIT DELAY_S
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from sweet_jax.colbench.task_sets import load_tasks
+
+    port, tasks, limit, delay = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    FakeOpenAI(load_tasks(tasks, "backend", limit=limit), port=port, delay_s=delay).httpd.serve_forever()

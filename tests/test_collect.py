@@ -100,6 +100,60 @@ def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_p
     _check_output(out, tasks, 2)
 
 
+@needs_bwrap
+def test_a_job_that_fails_while_its_server_restarts_runs_again_and_loses_nothing(tmp_path, caplog):
+    """A pipeline job (`Run.job`) against a managed server that is killed mid-collection: the watchdog restarts it,
+    the collection's requests run out of retries meanwhile and it exits non-zero, and the job runs again once the
+    server answers, resuming: every (task, rollout) comes out once."""
+    import socket
+    import threading
+
+    import ml_collections
+
+    from sweet_jax.inference.backends import ManagedServer
+    from sweet_jax.sweet.stages import Run
+
+    tasks_file = colbench_file("backend_test.jsonl")
+    tasks = load_tasks(tasks_file, "backend", limit=40)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = os.path.join(ROOT, "tests", "fake_openai.py")
+    server = ManagedServer([sys.executable, fake, str(port), tasks_file, "40", "0.3"], port, str(tmp_path / "s.log"),
+                           start_timeout_s=60, what="fake server").start()
+    run = Run(ml_collections.ConfigDict(dict(run_dir=str(tmp_path / "run"), compile_cache=False,
+                                             serve=dict(reruns_after_restart=2))))
+    run._running.append(server)  # as `Run.served` registers the servers it starts
+    out = tmp_path / "out.jsonl"
+    partial = str(out) + ".partial"
+    killed = []
+
+    def kill_when_half_way():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            if os.path.exists(partial) and open(partial).read().count("\n") >= 10:
+                killed.append(open(partial).read().count("\n"))
+                os.kill(server.proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_half_way, daemon=True)
+    killer.start()
+    overrides = {"tasks": tasks_file, "output": str(out), "limit": 40, "rollouts": 2, "concurrency": 8}
+    for side in ("agent", "simulator"):
+        overrides.update({f"{side}.base_url": server.url + "/v1", f"{side}.model": "fake", f"{side}.max_retries": 1,
+                          f"{side}.backoff": 0.02, f"{side}.request_timeout": 10.0})
+    try:
+        with caplog.at_level("WARNING"):
+            run.job("data", "collect", config=CONFIG, overrides=overrides)
+    finally:
+        server.stop()
+    killer.join()
+    assert killed and killed[0] < 80, killed
+    assert server.restarts == 1 and "failed while a server restarted; running it again" in caplog.text
+    assert "resuming:" in open(tmp_path / "run" / "logs" / "data.log").read()
+    _check_output(out, tasks, 2)
+
+
 def test_a_foreign_partial_file_is_refused_with_its_line(tmp_path):
     path = tmp_path / "x.partial"
     path.write_text('{"task_id": 0, "rollout": 0}\nnot json\n{"task_id": 1, "rollout": 0}\n')

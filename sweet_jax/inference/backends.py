@@ -7,7 +7,8 @@
   which the clients take in turn.
 
 A started server is a `ManagedServer`: it waits for /health, a watchdog restarts it on the same port when it dies
-(the clients retry meanwhile), and `stop()` ends it before a training stage needs the accelerators. Imports no JAX.
+(the clients retry meanwhile; `restarts` counts, `wait_healthy` waits for the restarted one), and `stop()` ends it
+before a training stage needs the accelerators. Imports no JAX.
 """
 
 from __future__ import annotations
@@ -131,6 +132,15 @@ class ManagedServer:
                 raise ServerError(f"the {self.what} did not start (exit {self.proc.returncode}); log {self.logfile}:"
                                   f"\n{tail}")
             time.sleep(0.5)
+
+    def wait_healthy(self, timeout: float | None = None) -> bool:
+        """Wait (up to `timeout`, default the start timeout) until the server, restarted or not, answers /health."""
+        deadline = time.time() + (self.start_timeout_s if timeout is None else timeout)
+        while not self._stopping.is_set() and time.time() < deadline:
+            if healthy(self.url):
+                return True
+            time.sleep(0.5)
+        return False
 
     def start(self) -> "ManagedServer":
         self._launch()

@@ -104,6 +104,7 @@ class Run:
         self.cfg, self.python = cfg, python
         self.dir = os.path.abspath(cfg.run_dir)
         self._servers: dict[tuple, object] = {}  # kept servers (`ManagedServer`), by model path and settings
+        self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
         # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
@@ -146,20 +147,37 @@ class Run:
 
     def job(self, stage: str, module: str, settings=None, **kw) -> None:
         """Run `python -m sweet_jax.<module>` with `settings` (a settings dataclass) or a job config (`config=`,
-        `overrides=`, see `cli.app.command_line`) to completion, appending to RUN/logs/<stage>.log."""
+        `overrides=`, see `cli.app.command_line`) to completion, appending to RUN/logs/<stage>.log. A job that fails
+        while a server it may use was restarted (its requests ran out of retries during the restart) is run again
+        once the servers are back, up to `serve.reruns_after_restart` times: every job resumes from its partial
+        files, so the rerun does only what failed."""
         os.makedirs(self.path("logs"), exist_ok=True)
         cmd = [self.python, *command_line(module, settings, **kw)]
         logfile = self.path("logs", f"{stage}.log")
-        with open(logfile, "a") as fh:
-            fh.write(f"\n$ {' '.join(cmd)}\n")
-            fh.flush()
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-                                  env=self.env)
-        if proc.returncode:
+        reruns = self.cfg.serve.get("reruns_after_restart", 2)
+        while True:
+            restarts = self._restarts()
+            with open(logfile, "a") as fh:
+                fh.write(f"\n$ {' '.join(cmd)}\n")
+                fh.flush()
+                proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                      preexec_fn=_die_with_parent, env=self.env)
+            if not proc.returncode:
+                return
+            if reruns > 0 and self._restarts() > restarts:
+                reruns -= 1
+                log.warning("stage '%s': `%s` failed while a server restarted; running it again (it resumes) once "
+                            "the servers answer", stage, " ".join(cmd[2:4]))
+                if all(server.wait_healthy() for server in list(self._running)):
+                    continue
             with open(logfile) as fh:
                 tail = fh.read()[-2000:]
             raise StageError(f"stage '{stage}': `{' '.join(cmd[2:4])} ...` exited with {proc.returncode}; log "
                              f"{logfile}:\n{tail}")
+
+    def _restarts(self) -> int:
+        with self._lock:
+            return sum(server.restarts for server in self._running)
 
     def backend(self, role: str):
         """The `inference` settings of a role (agent, simulator, sample, rank, reference): its backend
@@ -193,7 +211,7 @@ class Run:
             try:
                 yield server.url + "/v1"
             finally:
-                server.stop()
+                self._stop(server)
             return
         key = (os.path.realpath(model), settings)
         with self._lock:
@@ -214,15 +232,24 @@ class Run:
         logfile = self.path("logs", f"{stage}.serve.log")
         try:
             cmd = server_command(settings, model, port, self.python)
-            return ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT, start_timeout_s=settings.start_timeout_s,
-                                 preexec_fn=_die_with_parent, what=f"{settings.backend} server of {model}").start()
+            server = ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT,
+                                   start_timeout_s=settings.start_timeout_s, preexec_fn=_die_with_parent,
+                                   what=f"{settings.backend} server of {model}").start()
         except ServerError as e:
             raise StageError(f"stage '{stage}': {e}") from None
+        with self._lock:
+            self._running.append(server)
+        return server
+
+    def _stop(self, server) -> None:
+        server.stop()
+        with self._lock:
+            self._running.remove(server)
 
     def close(self) -> None:
         """Stop the servers kept up by `serve.keep`."""
         while self._servers:
-            self._servers.popitem()[1].stop()
+            self._stop(self._servers.popitem()[1])
 
 
 # ---------------------------------------------------------------------------------------------------- stages
