@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def _script(args, seed: int):
     return convs
 
 
-async def _load(url: str, model: str, convs) -> dict:
+async def _load(url: str, model: str, convs, seeded: bool) -> dict:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600, max_retries=0)
@@ -60,7 +61,8 @@ async def _load(url: str, model: str, convs) -> dict:
         for k, (new, user) in enumerate(turns):
             t0 = time.perf_counter()
             r = await client.completions.create(model=model, prompt=ids, max_tokens=new, temperature=1.0,
-                                                seed=1000 * i + k, logprobs=0, extra_body={"ignore_eos": True})
+                                                seed=1000 * i + k if seeded else None, logprobs=0,
+                                                extra_body={"ignore_eos": True})
             latencies.append(time.perf_counter() - t0)
             got = len(r.choices[0].logprobs.token_logprobs)
             tokens += got
@@ -75,7 +77,7 @@ async def _load(url: str, model: str, convs) -> dict:
             "requests": len(latencies)}
 
 
-def _measure(name: str, cmd: list[str], port: int, args, log_path: str) -> dict:
+def _measure(name: str, cmd: list[str], port: int, args, log_path: str, seeded: bool = True) -> dict:
     from sweet_jax.inference.backends import healthy
 
     log = open(log_path, "w")
@@ -88,9 +90,12 @@ def _measure(name: str, cmd: list[str], port: int, args, log_path: str) -> dict:
                 raise SystemExit(f"{name} did not start; log {log_path}:\n{open(log_path).read()[-3000:]}")
             time.sleep(1)
         started = time.time() - t0
-        asyncio.run(_load(url, "model", _script(args, seed=1)))  # warm-up: the same shapes, other tokens
-        result = asyncio.run(_load(url, "model", _script(args, seed=0)))
-        return {**result, "startup_s": started}
+        asyncio.run(_load(url, "model", _script(args, seed=1), seeded))  # warm-up: the same shapes, other tokens
+        result = {**asyncio.run(_load(url, "model", _script(args, seed=0), seeded)), "startup_s": started}
+        print(f"  {name:<16} {result['tokens_per_s']:7.1f} tokens/s   p50 {result['p50_s']:6.2f} s   p90 "
+              f"{result['p90_s']:6.2f} s   ({result['tokens']} tokens in {result['seconds']:.1f} s; started in "
+              f"{started:.0f} s)", flush=True)
+        return result
     finally:
         proc.terminate()
         try:
@@ -108,6 +113,8 @@ def main() -> None:
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--vllm-python", default=os.environ.get("SWEET_JAX_VLLM_PYTHON"))
+    p.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. --enforce-eager (a faster start)")
+    p.add_argument("--serve-args", default="", help="more sweet_jax.serve flags, e.g. --prefill-chunk 128")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args()
     from common import smollm2_dir
@@ -121,20 +128,21 @@ def main() -> None:
     port = _port()
     ours = _measure("sweet_jax.serve", [sys.executable, "-m", "sweet_jax.serve", "--model", model, "--port",
                                          str(port), "--served-model-name", "model", "--max-batch", slots,
-                                         "--max-model-len", str(args.max_model_len)], port, args,
+                                         "--max-model-len", str(args.max_model_len), *shlex.split(args.serve_args)],
+                    port, args,
                     os.path.join(logs, "sweet_jax.log"))
     port = _port()
+    # unseeded: vLLM 0.32's CPU build dies on a seeded request whose prefill is split over steps ("CPU Generator
+    # does not use offset"), which chunked prefill does under this load; a seed changes nothing else in its speed
     vllm = _measure("vLLM", [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port",
                              str(port), "--served-model-name", "model", "--max-model-len", str(args.max_model_len),
-                             "--max-num-seqs", slots, "--dtype", "float32", "--gpu-memory-utilization", "0.15"],
-                    port, args, os.path.join(logs, "vllm.log"))
+                             "--max-num-seqs", slots, "--dtype", "float32", "--gpu-memory-utilization", "0.15",
+                             *shlex.split(args.vllm_args)],
+                    port, args, os.path.join(logs, "vllm.log"), seeded=False)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                "unknown CPU")
     print(f"{args.conversations} conversations x {args.turns} turns, {args.min_new}-{args.max_new} new tokens, "
-          f"{model} on {os.cpu_count()} cores ({cpu})")
-    for name, r in (("sweet_jax.serve", ours), ("vLLM", vllm)):
-        print(f"  {name:<16} {r['tokens_per_s']:7.1f} tokens/s   p50 {r['p50_s']:6.2f} s   p90 {r['p90_s']:6.2f} s"
-              f"   ({r['tokens']} tokens in {r['seconds']:.1f} s; started in {r['startup_s']:.0f} s)")
+          f"{model} on {os.cpu_count()} cores ({cpu}), {time.strftime('%Y-%m-%d')}")
     print(f"  ratio: {ours['tokens_per_s'] / vllm['tokens_per_s']:.2f}x vLLM's tokens/s, p50 "
           f"{ours['p50_s'] / vllm['p50_s']:.2f}x vLLM's")
     if args.out:

@@ -1,6 +1,6 @@
 """SWEET-RL end to end: `python -m sweet_jax.pipeline --config configs/sweet_backend_tiny.py [--config.x=y ...]`.
 
-    --stage NAME   run one stage (its inputs must exist)
+    --stage NAME   run one stage, or several: --stage sample,rank (in pipeline order; their inputs must exist)
     --from NAME    start at a stage;  --until NAME  stop after one
     --force        rerun the selected stages even when they finished (the jobs still resume from their partial files)
 
@@ -40,7 +40,7 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "A pipeline config under configs/.", lock_config=True)
-    flags.DEFINE_string("stage", None, f"run only this stage ({', '.join(NAMES)})")
+    flags.DEFINE_string("stage", None, f"run only this stage, or these, comma-separated ({', '.join(NAMES)})")
     flags.DEFINE_string("from", None, "start at this stage")
     flags.DEFINE_string("until", None, "stop after this stage")
     flags.DEFINE_bool("force", False, "rerun the selected stages even if they finished (e.g. --from sample --force "

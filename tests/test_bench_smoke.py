@@ -133,7 +133,8 @@ def test_serve_load_benchmark_runs_against_vllm(tmp_path):
     _export(tmp_path / "model")
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "--model", str(tmp_path / "model"),
-         "--conversations", "2", "--turns", "2", "--min-new", "4", "--max-new", "8", "--max-model-len", "1024"],
+         "--conversations", "2", "--turns", "2", "--min-new", "4", "--max-new", "8", "--max-model-len", "1024",
+         "--vllm-args=--enforce-eager"],
         capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"ratio: [\d.]+x vLLM's tokens/s, p50 [\d.]+x vLLM's", proc.stdout), proc.stdout

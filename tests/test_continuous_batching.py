@@ -40,22 +40,28 @@ def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine):
     done = {}
 
     async def go():
-        t0 = time.perf_counter()
+        started = asyncio.Event()
 
-        async def timed(name, prompt, sp):
-            out = await engine.generate(prompt, sp, 1, 0, ignore_eos=True)
-            done[name] = (time.perf_counter() - t0, out)
+        async def long_one():
+            tokens = []
+            async for deltas in engine.stream([1, 2, 3], long_sp, 1, 0, ignore_eos=True):
+                tokens += deltas[0].tokens
+                if len(tokens) >= 8:
+                    started.set()  # the long one is decoding
+            done["long"] = (time.perf_counter() - t0[0], tokens)
 
-        long_task = asyncio.create_task(timed("long", [1, 2, 3], long_sp))
-        await asyncio.sleep(0.5)  # the long one is decoding
-        await timed("short", [4, 5, 6, 7], short_sp)
-        short_at = time.perf_counter() - t0
+        t0 = [time.perf_counter()]
+        long_task = asyncio.create_task(long_one())
+        await started.wait()
+        t0[0] = time.perf_counter()
+        out = await engine.generate([4, 5, 6, 7], short_sp, 1, 0, ignore_eos=True)
+        done["short"] = (time.perf_counter() - t0[0], out[0].tokens)
         await long_task
-        return short_at
 
     _run(engine, go)
-    assert len(done["long"][1][0].tokens) == 900 and len(done["short"][1][0].tokens) == 8
-    assert done["short"][0] < done["long"][0] / 3, done  # it did not wait for the long request's batch
+    assert len(done["long"][1]) == 900 and len(done["short"][1]) == 8
+    # from the moment the long one decodes: it did not wait for the long request's batch
+    assert done["short"][0] < done["long"][0] / 3, (done["short"][0], done["long"][0])
 
 
 def test_concurrent_results_equal_one_at_a_time_results(engine):
@@ -109,3 +115,41 @@ def test_a_stream_closed_mid_way_frees_its_slots(engine):
 
     busy, free = _run(engine, go)
     assert not busy and free == engine.max_batch
+
+
+def test_a_prompt_that_reuses_cached_chunks_gets_the_same_samples_as_one_prefilled_whole():
+    """Prefix caching: a prompt that starts with whole chunks of an earlier prompt takes them from that slot's row
+    (a free slot, or a copy from a slot still decoding) and prefills the rest; its tokens and log-probs equal, bit
+    for bit, those of a scheduler that has seen nothing before."""
+    import numpy as np
+
+    from sweet_jax.inference.scheduler import Job, Scheduler
+
+    params = models.init_params(CFG, jax.random.key(0), std=0.1)
+    rng = np.random.default_rng(0)
+    first = rng.integers(1, 500, 50).tolist()
+    second = first[:40] + rng.integers(1, 500, 30).tolist()  # shares 2 whole 16-token chunks with the first
+    jobs = [(first, SamplingParams(temperature=0.0, max_tokens=40), 1, 0),
+            (second, SamplingParams(temperature=1.0, max_tokens=12), 3, 5),  # while the first decodes: a copy
+            (second + [9, 9], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=12), 2, 6)]  # a freed slot
+
+    def run(scheduler, job):
+        out = []
+        scheduler.submit(Job(*job, on_done=lambda results, error: out.append(results)))
+        return out
+
+    warm = Scheduler(params, CFG, slots=8, context=256, segment=4, prefill_chunk=16)
+    got = [run(warm, jobs[0])]
+    warm.step()
+    got.append(run(warm, jobs[1]))
+    warm.run_until_idle()
+    got.append(run(warm, jobs[2]))
+    warm.run_until_idle()
+    assert warm.stats["reused_tokens"] == 32 + 64, warm.stats  # 2 chunks copied, then 4 in a freed slot
+    for job, reused in zip(jobs, got):
+        fresh = Scheduler(params, CFG, slots=8, context=256, segment=4, prefill_chunk=16)
+        alone = run(fresh, job)
+        fresh.run_until_idle()
+        assert fresh.stats["reused_tokens"] == 0
+        assert [(s.tokens, s.logprobs) for s in reused[0]] == [(s.tokens, s.logprobs) for s in alone[0]]
+        assert all(len(s.tokens) == job[1].max_tokens for s in alone[0])

@@ -136,8 +136,8 @@ def test_two_level_categorical_draws_from_the_softmax():
 
 
 def test_prompts_of_nearby_lengths_share_one_compiled_shape(params):
-    """Lengths round up to open-ended buckets (16 x {1, 1.5} x 2^k): a server meeting prompts of every length
-    compiles O(log n) programs, not one per length."""
+    """Prompts go in in fixed-size chunks, and contexts round up to open-ended buckets (16 x {1, 1.5} x 2^k): a
+    server meeting prompts of every length compiles O(log n) programs, not one per length."""
     from sweet_jax.inference.slots import slot_programs
 
     sp = SamplingParams(temperature=0.0, max_tokens=5)
@@ -147,7 +147,7 @@ def test_prompts_of_nearby_lengths_share_one_compiled_shape(params):
         generate(params, CFG, [list(range(1, length + 1))], sp)
     assert slot_programs.cache_info().currsize == before  # one (slots, context) shape
     (programs,) = [p for p in _cached_programs() if p.context == 256 and p.slots == 1]
-    assert len(programs._admit) == 1 and len(programs._decode) == 1
+    assert len(programs._prefill) == 1 and len(programs._start) == 1 and len(programs._decode) == 1
 
 
 def _cached_programs():

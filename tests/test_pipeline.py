@@ -191,3 +191,19 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
         pipeline._run_stages(pipeline.Run(cfg), stages(fail_b=True), records, force=False)
     assert set(records) == {"a", "c"} and "d" not in spans  # c, already running, finished; d never started
     assert (tmp_path / "fail" / "stages" / "c.json").exists() and not (tmp_path / "fail" / "stages" / "b.json").exists()
+
+
+def test_stage_takes_a_comma_separated_list_and_runs_those_in_pipeline_order(tmp_path, monkeypatch):
+    import ml_collections
+
+    from sweet_jax.sweet import stages as pipeline
+
+    ran = []
+    fake = tuple(pipeline.Stage(s.name, (), (), lambda run, name=s.name: ran.append(name) or {}, after=s.after)
+                 for s in pipeline.STAGES)
+    monkeypatch.setattr(pipeline, "STAGES", fake)
+    cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / "run"), jobs=1, serve=dict(keep=False)))
+    records = pipeline.run_pipeline(cfg, only="test_zero_shot, sample,rank")
+    assert ran == ["sample", "rank", "test_zero_shot"] and set(records) == set(ran)
+    with pytest.raises(pipeline.StageError, match="unknown stage 'ranking'"):
+        pipeline.run_pipeline(cfg, only="sample,ranking")

@@ -83,7 +83,7 @@ VLLM_RUN = [
     "--config.inference.dtype=float32", f"--config.inference.memory_fraction={MEMORY}",
     f"--config.inference.extra_args={EAGER}",
     *(f"--config.init.overrides.{k}={v}" for k, v in SHAPE.items()), "--config.pretrain.config=",
-    "--config.tasks.num_train=30", "--config.tasks.num_test=4", "--config.collect.limit=0",
+    "--config.tasks.num_train=16", "--config.tasks.num_test=4", "--config.collect.limit=0",
     "--config.collect.rollouts=2", "--config.test.rollouts=1", "--config.best_of_n_eval.enabled=False",
     "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.best_of_n.batch=2",
     "--config.critic.overrides=('data.score_span=assistant','train.epochs=1','optim.freeze=embed,lm_head',"
@@ -94,8 +94,9 @@ VLLM_RUN = [
 @pytest.mark.slow
 def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     """The data stage (collection: agent and simulator on one vLLM server), then sample, rank and the zero-shot test
-    stage, all on vLLM. While collecting, the vLLM server is killed with SIGKILL: its watchdog restarts it, the
-    clients retry, and the trajectories come out complete, each (task, rollout) once. The ranking scores equal the
+    stage, all on vLLM, in one pipeline command. While collecting, the vLLM server is killed with SIGKILL: its
+    watchdog restarts it, the clients retry (the stage's job runs again if they give up first), and the trajectories
+    come out complete, each (task, rollout) once. The ranking scores equal the
     in-process ranking of the same candidates. (A random init succeeds at no task, so it gives the critic no pairs
     to train on: the initial model stands in for the trained critic.)"""
     import shutil
@@ -107,8 +108,14 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, SWEET_JAX_VLLM_PYTHON=VLLM_PYTHON)
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *VLLM_RUN]
+    first = subprocess.run([*cmd, "--until", "tasks"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    shutil.copytree(run / "init" / "hf", run / "critic" / "hf")
+    # one command for the four stages: its kept vLLM server of the initial policy serves collection, sampling and
+    # the test stage (three vLLM starts in all, the restart included)
     log = open(tmp_path / "pipeline.log", "w")
-    proc = subprocess.Popen([*cmd, "--until", "data"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*cmd, "--stage", "data,sample,rank,test_zero_shot"], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
     killed = None
     try:
         deadline = time.time() + 1500
@@ -129,14 +136,10 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     assert "restarting it (restart 1)" in open(tmp_path / "pipeline.log").read()
     rows = [json.loads(line) for line in open(run / "data" / "train_trajectories.jsonl")]
     keys = {(r["task_id"], r["rollout"]) for r in rows}
-    assert len(rows) == 30 * 2 and keys == {(t, k) for t in range(30) for k in range(2)}  # none lost, none twice
-
-    shutil.copytree(run / "init" / "hf", run / "critic" / "hf")
-    for stage in ("sample", "rank", "test_zero_shot"):
-        done = subprocess.run([*cmd, "--stage", stage], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=1500)
-        assert done.returncode == 0, done.stderr[-4000:]
-        assert "vllm.entrypoints.openai.api_server" in (run / "logs" / f"{stage}.serve.log").read_text()
+    assert len(rows) == 16 * 2 and keys == {(t, k) for t in range(16) for k in range(2)}  # none lost, none twice
+    served = (run / "logs" / "data.serve.log").read_text() + (run / "logs" / "rank.serve.log").read_text()
+    assert served.count("\n$ ") == 3 and "vllm.entrypoints.openai.api_server" in served  # start, restart, critic
+    assert "api_server --model " + str(run / "critic" / "hf") in served
     ranked = [json.loads(line) for line in open(run / "bon" / "ranked.jsonl")]
     assert ranked and all(len(r["judge_result"]) == 4 for r in ranked)
     r = json.loads((run / "config.json").read_text())["rank"]  # the run's ranking settings, in process

@@ -6,6 +6,8 @@
   long one decodes starts at once and finishes first. A finished sample frees its slot at once; a stream whose client
   goes away frees its slots at the next segment. Each request keeps its own sampling settings and seed, and its
   results do not depend on what else runs. A request's error is raised to that request alone.
+- Prefix caching: prompts go in in `prefill_chunk`-token chunks, and a prompt that starts with whole chunks of an
+  earlier one (the next turn of a conversation) prefills only the rest, with the same results.
 - `Engine.prompt_logprobs(ids)`: log p(token_i | tokens before it) for a prompt, for `echo` + `logprobs` scoring.
 - One lock serialises device work, so decode segments and scoring never run at the same time.
 """
@@ -34,11 +36,11 @@ log = logging.getLogger("sweet_jax.serve")
 class Engine:
     def __init__(self, params, cfg: models.ModelConfig, tokenizer, *, chat_format: str | None = None,
                  model_name: str = "sweet_jax", max_batch: int = 64, max_model_len: int = 8192,
-                 stream_segment: int = 8, placement: Placement | None = None):
+                 stream_segment: int = 8, prefill_chunk: int = 256, placement: Placement | None = None):
         self.placement = placement or Placement.build()
         self.chat = chat.get_format(chat_format or models.family_of(cfg).chat_format)
         self.scheduler = Scheduler(params, cfg, self.placement, slots=max_batch, context=max_model_len,
-                                   segment=stream_segment)
+                                   segment=stream_segment, prefill_chunk=prefill_chunk)
         # the placed weights (inference layout); the caller should drop its own to hold one copy
         self.params, self.cfg, self.tokenizer = self.scheduler.params, self.scheduler.cfg, tokenizer
         self.model_name = model_name

@@ -16,6 +16,12 @@
   prefill. A finished sample frees its slot at once; a cancelled job frees its slots at the next step.
 - A sample's tokens depend only on its prompt, settings and seed (`inference.slots`): results under any concurrency
   equal one-at-a-time results, which makes collection reproducible.
+- Prefix caching: a prompt goes in in fixed chunks (`inference.slots`), and a slot's row keeps the whole chunks of
+  its last prompt until the slot is taken again. A new prompt that starts with such chunks (the next turn of a
+  conversation, the samples of a shared history) copies them, or takes over that free slot, and prefills the rest
+  only. Reused or not, a prompt's cache and samples are the same, so this changes no result.
+- Every step admits jobs until `prefill_budget` prompt tokens have been prefilled (at least one job), so a burst
+  of long prompts does not stall the decoding rows for long.
 - Every segment's attention window is the power of two (at least 128) above the longest active row plus the
   segment, so the compiled decode programs number a few per context.
 """
@@ -57,15 +63,18 @@ class Job:
 
 class Scheduler:
     def __init__(self, params, cfg, placement: Placement | None = None, *, slots: int = 64, context: int = 8192,
-                 segment: int = 16):
+                 segment: int = 16, prefill_chunk: int = 256, prefill_budget: int = 2048):
         if segment < 1:
             raise ValueError(f"segment must be >= 1, got {segment}")
         self.placement = placement or Placement.build()
         self.params, self.cfg = self.placement.prepare(params, cfg)
         self.slots, self.context, self.segment = slots, context, segment
-        self.programs = slot_programs(self.cfg, self.placement, slots, context)
+        self.programs = slot_programs(self.cfg, self.placement, slots, context, prefill_chunk)
+        self.prefill_budget = prefill_budget
         self.state = self.programs.new_state()
-        self.free = collections.deque(range(slots))
+        self.free = collections.deque(range(slots))  # least recently used first
+        self.chunks: dict[int, list[int]] = {}  # slot -> chained hashes of the whole prompt chunks its row holds
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
         self.owner: dict[int, tuple[Job, int]] = {}  # slot -> (job, sample index)
         self.length = np.zeros(slots, np.int64)  # the host's copy of every slot's cache length
         self.waiting: collections.deque[Job] = collections.deque()
@@ -151,24 +160,57 @@ class Scheduler:
                 del self.owner[slot]
                 self.free.append(slot)
 
+    def _hashes(self, prompt: list[int]) -> list[int]:
+        """Chained hashes of the prompt's whole chunks (a chunk's hash names it and everything before it)."""
+        c, out, h = self.programs.chunk, [], 0
+        for i in range(len(prompt) // c):
+            h = hash((h, tuple(prompt[i * c:(i + 1) * c])))
+            out.append(h)
+        return out
+
+    def _reuse(self, hashes: list[int], usable: int) -> tuple[int, int] | None:
+        """The slot whose row holds the most leading chunks of a prompt (a free one on a tie), and how many, of at
+        most `usable` chunks."""
+        best, best_m = None, 0
+        for slot, held in self.chunks.items():
+            m = 0
+            while m < min(usable, len(held)) and held[m] == hashes[m]:
+                m += 1
+            if m > best_m or (m == best_m and m and slot in self.free and best not in self.free):
+                best, best_m = slot, m
+        return None if best is None or best_m == 0 else (best, best_m)
+
     def _admit(self) -> list[Job]:
-        admitted = []
+        admitted, budget = [], self.prefill_budget
+        c = self.programs.chunk
         while True:
             with self._lock:
-                if not self.waiting or len(self.free) < self.waiting[0].n:
+                if not self.waiting or len(self.free) < self.waiting[0].n or (admitted and budget <= 0):
                     return admitted
                 job = self.waiting.popleft()
-            job.slots = [self.free.popleft() for _ in range(job.n)]
+            hashes = self._hashes(job.prompt)
+            reuse = self._reuse(hashes, (len(job.prompt) - 1) // c)
+            if reuse is not None and reuse[0] in self.free:
+                self.free.remove(reuse[0])
+                job.slots = [reuse[0]] + [self.free.popleft() for _ in range(job.n - 1)]
+            else:
+                job.slots = [self.free.popleft() for _ in range(job.n)]
+            reused = reuse[1] * c if reuse else 0
             try:
                 self.state = self.programs.admit(self.params, self.state, job.prompt, job.slots, job.seed,
-                                                 job.sampling, job.first_sample)
+                                                 job.sampling, job.first_sample,
+                                                 reuse=(reuse[0], reused) if reuse else None)
             except BaseException as e:
                 self.free.extend(job.slots)
                 self._fail_all(e, also=job)
                 raise
+            budget -= len(job.prompt) - reused
+            self.stats["prompt_tokens"] += len(job.prompt)
+            self.stats["reused_tokens"] += reused
             for j, slot in enumerate(job.slots):
                 self.owner[slot] = (job, j)
                 self.length[slot] = len(job.prompt)
+                self.chunks[slot] = hashes
             job.pending = job.n
             admitted.append(job)
 
@@ -178,6 +220,7 @@ class Scheduler:
             jobs[id(also)] = also
         self.owner.clear()
         self.free = collections.deque(range(self.slots))
+        self.chunks.clear()
         self.state = self.programs.new_state()
         for job in jobs.values():
             if job.on_done is not None:

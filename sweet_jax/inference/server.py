@@ -27,6 +27,8 @@ class ServeSettings:
     max_batch: int = flag(16, help="decode slots: samples decoding at once (KV cache = slots x max_model_len)")
     stream_segment: int = flag(8, help="decode steps between scheduling rounds (new requests join, streams get "
                                        "their next chunk)")
+    prefill_chunk: int = flag(256, help="prompts are prefilled in chunks of this many tokens; whole chunks of earlier "
+                                        "prompts are reused (prefix caching)")
 
 
 def serve(s: ServeSettings) -> None:
@@ -44,7 +46,8 @@ def serve(s: ServeSettings) -> None:
     engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=loaded.chat_format,
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
-                    stream_segment=s.stream_segment, placement=placement)
+                    stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk,
+                    placement=placement)
     del loaded  # the engine holds the params
     log.info("serving %s on http://%s:%d/v1 (%s, %d slots x %d tokens)", s.model, s.host, s.port,
              placement.describe(), engine.max_batch, engine.max_model_len)

@@ -52,17 +52,23 @@ class SlotPrograms:
     """The programs of one (placed model config, mesh, slot count, context) shape; see the module docstring. Use
     `slot_programs`, which caches them: jit compiles each program once per static shape."""
 
-    def __init__(self, cfg, placement: Placement, slots: int, context: int):
+    def __init__(self, cfg, placement: Placement, slots: int, context: int, chunk: int = 256):
         if slots % placement.data:
             raise ValueError(f"{slots} decode slots do not split over data={placement.data}")
+        if chunk < 1:
+            raise ValueError(f"the prefill chunk must be >= 1 token, got {chunk}")
         self.cfg, self.placement, self.slots, self.context = cfg, placement, slots, context
+        self.chunk = min(chunk, 1 << (context - 1).bit_length())  # prefill chunk: prompts go in at most this long
+        self.positions = -(-context // self.chunk) * self.chunk  # cache positions: whole chunks
         abstract_state = jax.eval_shape(self._zeros)
         self.state_shardings = placement.shardings(_state_names(cfg), abstract_state)
         abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
         self.param_shardings = placement.param_shardings(abstract_params, cfg)
         self._replicated = placement.sharding((), ())
         self._new = jax.jit(self._zeros, out_shardings=self.state_shardings)
-        self._admit: dict = {}
+        self._prefill: dict = {}
+        self._copy: dict = {}
+        self._start: dict = {}
         self._decode: dict = {}
         self._release = jax.jit(self._release_fn, donate_argnums=0,
                                 in_shardings=(self.state_shardings, self._replicated),
@@ -72,7 +78,7 @@ class SlotPrograms:
     def _zeros(self) -> dict:
         b, cfg = self.slots, self.cfg
         f32, i32 = jnp.float32, jnp.int32
-        return {"cache": models.init_cache(cfg, b, self.context), "length": jnp.zeros(b, i32),
+        return {"cache": models.init_cache(cfg, b, self.positions), "length": jnp.zeros(b, i32),
                 "logits": jnp.zeros((b, cfg.vocab_size), f32), "key": jnp.zeros((b, 2), jnp.uint32),
                 "count": jnp.zeros(b, i32), "limit": jnp.zeros(b, i32), "temperature": jnp.zeros(b, f32),
                 "top_p": jnp.ones(b, f32), "top_k": jnp.zeros(b, i32),
@@ -84,60 +90,112 @@ class SlotPrograms:
             return self._new()
 
     # ------------------------------------------------------------------ admit
-    def prompt_bucket(self, length: int) -> int:
-        from sweet_jax.data.buckets import round_up
+    def chunk_window(self, start: int) -> int:
+        """The attention window of the prefill chunk at `start`: a function of `start` alone, so that a chunk's keys
+        and values come out the same whichever request computed them."""
+        return min(self.positions, max(self.chunk, 1 << (start + self.chunk - 1).bit_length()))
 
-        return min(round_up(length), self.context)
+    def part_size(self, n: int) -> int:
+        """The padded size of a prompt's last, partial chunk of n tokens: a quarter, a half or a whole chunk (it is
+        never reused, so its size is free; the whole chunks before it are always `chunk` long)."""
+        return next(size for size in (self.chunk // 4, self.chunk // 2, self.chunk) if n <= size)
+
+    def copy_bucket(self, length: int) -> int:
+        """The cache positions a row copy moves to carry `length` of them (a power of two of chunks)."""
+        chunks = -(-length // self.chunk)
+        return min(self.positions, self.chunk << max(0, (chunks - 1).bit_length()))
 
     def admit(self, params, state: dict, prompt: list[int], slots: list[int], seed: int,
-              sampling: SamplingParams, first_sample: int = 0) -> dict:
+              sampling: SamplingParams, first_sample: int = 0, reuse: tuple[int, int] | None = None) -> dict:
         """Prefill `prompt` once into the free `slots` (one per sample), with its settings and seed. The samples are
-        numbered from `first_sample` (a request split over several admissions draws as if it were one)."""
+        numbered from `first_sample` (a request split over several admissions draws as if it were one).
+
+        `reuse` = (slot, m): the first m positions of that slot's row (any slot's, a whole number of chunks of an
+        earlier prompt equal to this one's first m tokens) are this prompt's; only the rest is prefilled. The
+        chunks are computed by one program per chunk position whatever came before, so reusing gives the same
+        cache, logits and samples as prefilling it all."""
         if not prompt or len(prompt) >= self.context:
             raise ValueError(f"a prompt of {len(prompt)} tokens does not fit a {self.context}-position cache")
         if len(sampling.stop_tokens) > MAX_STOP_TOKENS:
             raise ValueError(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(sampling.stop_tokens)}")
-        p, n = self.prompt_bucket(len(prompt)), len(slots)
-        fn = self.admit_program(p, n)
-        tokens = np.zeros(p, np.int32)
-        tokens[:len(prompt)] = prompt
+        src, m = reuse if reuse is not None else (slots[0], 0)
+        if m % self.chunk or not 0 <= m < len(prompt):
+            raise ValueError(f"a reused prefix is a whole number of {self.chunk}-token chunks shorter than the prompt,"
+                             f" got {m} of {len(prompt)}")
+        target = slots[0]
         stop = np.full(MAX_STOP_TOKENS, -1, np.int32)
         stop[:len(sampling.stop_tokens)] = sampling.stop_tokens
-        args = (tokens, np.int32(len(prompt)), np.asarray(slots, np.int32), np.uint32(seed & 0xFFFFFFFF),
-                np.float32(sampling.temperature), np.float32(sampling.top_p), np.int32(sampling.top_k),
-                np.int32(sampling.max_tokens), stop, np.int32(first_sample))
         with self.placement.active():
-            return fn(params, state, *args)
+            if m and src != target:
+                state = self.copy_program(self.copy_bucket(m), 1)(state, np.int32(src), np.asarray([target], np.int32))
+            for c0 in range(m, len(prompt), self.chunk):
+                part = prompt[c0:c0 + self.chunk]
+                tokens = np.zeros(self.part_size(len(part)), np.int32)
+                tokens[:len(part)] = part
+                state = self.prefill_program(self.chunk_window(c0), len(tokens))(
+                    params, state, tokens, np.int32(c0), np.int32(len(prompt)), np.int32(target))
+            fn = self.start_program(self.copy_bucket(len(prompt)), len(slots))
+            return fn(state, np.int32(target), np.asarray(slots, np.int32), np.int32(len(prompt)),
+                      np.uint32(seed & 0xFFFFFFFF), np.float32(sampling.temperature), np.float32(sampling.top_p),
+                      np.int32(sampling.top_k), np.int32(sampling.max_tokens), stop, np.int32(first_sample))
 
-    def admit_program(self, p: int, n: int):
-        """The jitted prefill of a prompt bucket `p` into n slots: (params, state, tokens [p], length, slots [n], seed,
-        temperature, top_p, top_k, max_tokens, stop [MAX_STOP_TOKENS], first_sample) -> state."""
-        fn = self._admit.get((p, n))
-        if fn is None:
-            rep = self._replicated
-            fn = self._admit[(p, n)] = jax.jit(
-                functools.partial(self._admit_fn, p=p), donate_argnums=1,
-                in_shardings=(self.param_shardings, self.state_shardings) + (rep,) * 10,
-                out_shardings=self.state_shardings)
-        return fn
+    def _jit(self, table: dict, key, fn, n_args: int, params: bool = False):
+        program = table.get(key)
+        if program is None:
+            head = (self.param_shardings, self.state_shardings) if params else (self.state_shardings,)
+            program = table[key] = jax.jit(fn, donate_argnums=int(params), out_shardings=self.state_shardings,
+                                           in_shardings=head + (self._replicated,) * n_args)
+        return program
 
-    def _admit_fn(self, params, state, tokens, length, slots, seed, temperature, top_p, top_k, limit, stop, first, *,
-                  p):
-        cfg, n = self.cfg, slots.shape[0]
-        seg = (jnp.arange(p) < length).astype(jnp.int32)[None]
-        small = models.init_cache(cfg, 1, p)
-        hidden, small = models.forward_cached(params, cfg, tokens[None], jnp.arange(p)[None], seg, small, 0)
-        logits = lm_logits(params, cfg, jax.lax.dynamic_index_in_dim(hidden[0], length - 1, keepdims=True))
-        cache = state["cache"]
-        put = lambda full, part: full.at[slots, :, :p].set(  # noqa: E731
-            jnp.broadcast_to(part, (n, *part.shape[1:])).astype(full.dtype))
-        row_seg = jnp.zeros((n, self.context), jnp.int32).at[:, :p].set(jnp.broadcast_to(seg, (n, p)))
-        cache = {"k": tuple(put(f, s) for f, s in zip(cache["k"], small["k"])),
-                 "v": tuple(put(f, s) for f, s in zip(cache["v"], small["v"])),
-                 "segment_ids": cache["segment_ids"].at[slots].set(row_seg)}
+    def prefill_program(self, window: int, size: int):
+        """One chunk of a prompt into a slot's row: (params, state, tokens [size], start, prompt length, slot) ->
+        state, with the row's cache written at start .. start + size - 1 and its next-token logits set (the
+        prompt's last chunk sets the ones that stay)."""
+        return self._jit(self._prefill, (window, size), functools.partial(self._prefill_fn, window=window), 4,
+                         params=True)
+
+    def copy_program(self, positions: int, n: int):
+        """(state, src, dsts [n]) -> state with the first `positions` of src's cache row copied into the n rows."""
+        return self._jit(self._copy, (positions, n), functools.partial(self._copy_fn, positions=positions), 2)
+
+    def start_program(self, positions: int, n: int):
+        """(state, src, slots [n], length, seed, temperature, top_p, top_k, max_tokens, stop, first_sample) ->
+        state: src (= slots[0]) has the prefilled row; its first `positions` and its logits are copied into the
+        other slots, and the n start sampling."""
+        return self._jit(self._start, (positions, n), functools.partial(self._start_fn, positions=positions), 10)
+
+    def _prefill_fn(self, params, state, tokens, start, length, slot, *, window):
+        cfg, c = self.cfg, tokens.shape[0]
+        positions = start + jnp.arange(c, dtype=jnp.int32)
+        seg = (positions < length).astype(jnp.int32)[None]
+        hidden, cache = models.forward_cached(params, cfg, tokens[None], positions[None], seg, state["cache"], start,
+                                              window=window, row=slot)
+        last = jnp.clip(length - 1 - start, 0, c - 1)
+        logits = lm_logits(params, cfg, jax.lax.dynamic_index_in_dim(hidden[0], last, keepdims=True))
+        logits = jax.lax.dynamic_update_index_in_dim(state["logits"], logits, slot, 0)
+        return {**state, "cache": cache, "logits": logits}
+
+    @staticmethod
+    def _copy_rows(cache, src, dsts, positions):
+        def move(full):
+            part = jax.lax.dynamic_index_in_dim(full, src, 0, keepdims=True)
+            part = part[:, :positions] if full.ndim == 2 else part[:, :, :positions]
+            part = jnp.broadcast_to(part, (dsts.shape[0], *part.shape[1:]))
+            return full.at[dsts, :positions].set(part) if full.ndim == 2 else full.at[dsts, :, :positions].set(part)
+        return {"k": tuple(map(move, cache["k"])), "v": tuple(map(move, cache["v"])),
+                "segment_ids": move(cache["segment_ids"])}
+
+    def _copy_fn(self, state, src, dsts, *, positions):
+        return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}
+
+    def _start_fn(self, state, src, slots, length, seed, temperature, top_p, top_k, limit, stop, first, *,
+                  positions):
+        n = slots.shape[0]  # slots[0] is src: the prompt was prefilled there
+        cache = self._copy_rows(state["cache"], src, slots[1:], positions) if n > 1 else state["cache"]
         keys = jax.vmap(lambda j: jax.random.key_data(jax.random.fold_in(jax.random.key(seed), j)))(
             first + jnp.arange(n))
         fill = lambda name, value: state[name].at[slots].set(value)  # noqa: E731
+        logits = jax.lax.dynamic_index_in_dim(state["logits"], src, 0, keepdims=True)
         return {"cache": cache, "length": fill("length", length), "key": fill("key", keys),
                 "logits": fill("logits", jnp.broadcast_to(logits, (n, logits.shape[-1]))),
                 "count": fill("count", 0), "limit": fill("limit", limit),
@@ -203,6 +261,6 @@ class SlotPrograms:
 
 
 @functools.lru_cache(maxsize=32)
-def slot_programs(cfg, placement: Placement, slots: int, context: int) -> SlotPrograms:
-    """The (cached) programs for a placed model config (`Placement.prepare`) and a state shape."""
-    return SlotPrograms(cfg, placement, slots, context)
+def slot_programs(cfg, placement: Placement, slots: int, context: int, chunk: int = 256) -> SlotPrograms:
+    """The (cached) programs for a placed model config (`Placement.prepare`), a state shape and a prefill chunk."""
+    return SlotPrograms(cfg, placement, slots, context, chunk)

@@ -176,12 +176,17 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
         a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
                       kv_branch_ids=branch_ids)
     else:
-        k_cache, v_cache, kv_segment_ids, index = kv
-        k_cache = _write_cache(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index)
-        v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index)
-        kc, vc = k_cache, v_cache
-        if window is not None and window < k_cache.shape[2]:  # the slots in use: attention reads no more
-            kc, vc, kv_segment_ids = kc[:, :, :window], vc[:, :, :window], kv_segment_ids[:, :window]
+        k_cache, v_cache, kv_segment_ids, index, row = kv
+        k_cache = _write_cache(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index, row)
+        v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, row)
+        span = k_cache.shape[2] if window is None else min(window, k_cache.shape[2])
+        if row is not None:  # one row of a cache of many: read its first `span` slots only
+            kc, vc = (jax.lax.dynamic_slice_in_dim(c, row, 1, axis=0)[:, :, :span] for c in (k_cache, v_cache))
+            kv_segment_ids = kv_segment_ids[:, :span]
+        elif span < k_cache.shape[2]:  # the slots in use: attention reads no more
+            kc, vc, kv_segment_ids = k_cache[:, :, :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
+        else:
+            kc, vc = k_cache, v_cache
         a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
                              impl=cfg.attention_impl)
     if kv is None and prefix is None:
@@ -199,8 +204,11 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     return x if kv is None else (x, (k_cache, v_cache))
 
 
-def _write_cache(cache, new, index):
-    """new [B, K, T, H] into cache [B, K, S, H] at slot `index` (shared) or at index[b] for row b."""
+def _write_cache(cache, new, index, row=None):
+    """new [B, K, T, H] into cache [B, K, S, H] at slot `index` (shared) or at index[b] for row b; with `row`, new
+    [1, K, T, H] goes into that row of the cache at `index`."""
+    if row is not None:
+        return jax.lax.dynamic_update_slice(cache, new, (row, 0, index, 0))
     if jnp.ndim(index) == 0:
         return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis=2)
     return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x, i, axis=1))(cache, new, index)
@@ -311,30 +319,33 @@ def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Param
 
 
 def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index, *,
-                   window: int | None = None):
+                   window: int | None = None, row=None):
     """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
     index .. index + T - 1: the same slots for every row (rows left-padded to line up), or, for one token per row,
     slot index[b] for row b (a slot-based cache whose rows have their own lengths). Attention reads the first
     `window` cache slots when given (a static bound on every row's length). Returns (final hidden states [B, T, D],
     updated cache). positions: RoPE positions [B, T]; segment_ids: 1 for real tokens, 0 for pads.
+    With `row` (a traced int), the cache holds many rows and the tokens [1, T] go into row `row` at `index`, read
+    and written where it lies (a prompt chunk into one decode slot).
     `params` must be in the inference layout (`unstack_layers`): the layers run one after the other, each updating
     its own cache arrays in place."""
     if not isinstance(params["layers"], (tuple, list)):
         raise ValueError("forward_cached takes params in the inference layout: pass llama.unstack_layers(params)")
     dt = jnp.dtype(cfg.compute_dtype)
-    kv_segment_ids = _write_cache(cache["segment_ids"][:, None, :, None], segment_ids.astype(jnp.int32)[:, None, :,
-                                  None], index)[:, 0, :, 0]
+    all_segment_ids = _write_cache(cache["segment_ids"][:, None, :, None], segment_ids.astype(jnp.int32)[:, None, :,
+                                   None], index, row)[:, 0, :, 0]
+    kv_segment_ids = all_segment_ids if row is None else jax.lax.dynamic_slice_in_dim(all_segment_ids, row, 1, 0)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
     ks, vs = [], []
     for layer, k_cache, v_cache in zip(params["layers"], cache["k"], cache["v"], strict=True):
         x, (k_cache, v_cache) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
-                                               (k_cache, v_cache, kv_segment_ids, index), window=window)
+                                               (k_cache, v_cache, kv_segment_ids, index, row), window=window)
         ks.append(k_cache)
         vs.append(v_cache)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
-    return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": kv_segment_ids}
+    return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": all_segment_ids}
 
 
 def forward_on_prefix(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, prefix_cache: dict):

@@ -492,17 +492,19 @@ def _marker(run: Run, stage: Stage) -> str:
 
 def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, until: str | None = None,
                  force: bool = False, python: str = sys.executable) -> dict:
-    """Run the selected stages in order (`only` one, or `start` .. `until`), skipping finished ones unless `force`;
-    returns {stage: marker record}."""
-    for name in (only, start, until):
+    """Run the selected stages in order (`only` these, comma-separated, or `start` .. `until`), skipping finished
+    ones unless `force`; returns {stage: marker record}."""
+    chosen = [name.strip() for name in only.split(",") if name.strip()] if only else []
+    for name in (*chosen, start, until):
         if name is not None and name not in NAMES:
             raise StageError(f"unknown stage {name!r}; the stages are {', '.join(NAMES)}")
     run = Run(cfg, python)
     os.makedirs(run.dir, exist_ok=True)
     write_json(run.path("config.json"), json.loads(cfg.to_json()))
-    first = NAMES.index(only or start or NAMES[0])
-    last = NAMES.index(only or until or NAMES[-1])
-    selected = list(STAGES[first:last + 1])
+    if chosen:
+        selected = [stage for stage in STAGES if stage.name in chosen]
+    else:
+        selected = list(STAGES[NAMES.index(start or NAMES[0]):NAMES.index(until or NAMES[-1]) + 1])
     records = {}
     try:
         _run_stages(run, selected, records, force)
