@@ -22,8 +22,8 @@
   only. Reused or not, a prompt's cache and samples are the same, so this changes no result.
 - Every step admits jobs until `prefill_budget` prompt tokens have been prefilled (at least one job), so a burst
   of long prompts does not stall the decoding rows for long.
-- Every segment's attention window is the bucket (128 x {1, 1.5} x 2^k) above the longest active row plus the
-  segment: at most a third of it is unused, and the compiled decode programs number a few per context.
+- Every segment's attention window is the power of two (at least 128) above the longest active row plus the
+  segment, so the compiled decode programs number a few per context.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ class Scheduler:
         if not self.owner:
             return
         try:
-            window = min(self.context, round_up(int(self.length[list(self.owner)].max()) + self.segment, 128))
+            window = min(self.context, max(128, 1 << int(self.length[list(self.owner)].max() + self.segment
+                                                          - 1).bit_length()))
             self.state, out, lps = self.programs.decode(self.params, self.state, self.segment, window)
             out, lps, active = jax.device_get((out, lps, self.state["active"]))
         except BaseException as e:  # the state was donated: start over with empty slots
