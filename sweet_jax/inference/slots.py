@@ -10,8 +10,10 @@ jitted programs that fill, run and free them (`SlotPrograms`). `inference.schedu
 - A slot's row of the cache holds its prompt at positions 0 .. len - 1 and its generated tokens after it; its RoPE
   positions are its cache positions. Every row writes at its own length, so rows of any lengths decode together, and
   a request joins between two decode segments without waiting for the others.
-- `admit` runs one prompt's prefill (batch 1, the prompt right-padded to a length bucket) and writes its cache into
-  the n slots of its n samples: the samples share one prefill. Sample j draws from fold_in(key(seed), j) and its step
+- `admit` prefills one prompt in `chunk`-token chunks straight into one slot's row (a chunk's program depends on
+  its position alone) and copies the row into the slots of its other samples: the samples share one prefill. With
+  `reuse`, whole chunks another slot's row already holds for the same tokens are taken over or copied, and only
+  the rest is prefilled, with the same results (prefix caching, driven by `inference.scheduler`). Sample j draws from fold_in(key(seed), j) and its step
   i from fold_in(that, i), so a sample's tokens depend on its prompt, settings and seed only: not on the slot it lands
   in, nor on what else is decoding.
 - `decode` runs `steps` decode steps for every slot (idle slots compute on a dummy token and write nothing that is
