@@ -51,8 +51,8 @@ def test_reference_attention_matches_naive_loop():
 
 
 def test_decode_attention_over_a_cache_equals_the_reference():
-    """One query per row against a [B, K, S, H] cache, with padding, a cache index mid-way (later slots are empty and
-    must not be seen) and grouped query heads."""
+    """One query per row against a cache of keys [B, K, H, S] and values [B, K, S, H], with padding, a cache index
+    mid-way (later slots are empty and must not be seen) and grouped query heads."""
     from sweet_jax.models.attention import cached_attention
 
     k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
@@ -61,7 +61,7 @@ def test_decode_attention_over_a_cache_equals_the_reference():
     v = jax.random.normal(k3, (2, 9, 2, 8))
     kv_seg = jnp.array([[1, 1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1, 1]])
     index = 5  # the query sits at slot 5: slots 6.. hold garbage and must be ignored
-    out = cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.ones((2, 1), jnp.int32), kv_seg,
+    out = cached_attention(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), jnp.ones((2, 1), jnp.int32), kv_seg,
                            q_offset=index, impl="reference")
     ref = attention(q, k[:, :index + 1], v[:, :index + 1], jnp.ones((2, 1), jnp.int32), kv_seg[:, :index + 1],
                     impl="reference")

@@ -112,7 +112,7 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     assert first.returncode == 0, first.stderr[-4000:]
     shutil.copytree(run / "init" / "hf", run / "critic" / "hf")
     # one command for the four stages: its kept vLLM server of the initial policy serves collection, sampling and
-    # the test stage (three vLLM starts in all, the restart included)
+    # the test stage (three vLLM starts in all: the policy's, its restart, the critic's)
     log = open(tmp_path / "pipeline.log", "w")
     proc = subprocess.Popen([*cmd, "--stage", "data,sample,rank,test_zero_shot"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -133,12 +133,15 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert killed, "collection ended before the server could be killed"
-    assert "restarting it (restart 1)" in open(tmp_path / "pipeline.log").read()
+    restarts = open(tmp_path / "pipeline.log").read().count("; restarting it (restart ")
+    assert restarts >= 1
     rows = [json.loads(line) for line in open(run / "data" / "train_trajectories.jsonl")]
     keys = {(r["task_id"], r["rollout"]) for r in rows}
     assert len(rows) == 16 * 2 and keys == {(t, k) for t in range(16) for k in range(2)}  # none lost, none twice
     served = (run / "logs" / "data.serve.log").read_text() + (run / "logs" / "rank.serve.log").read_text()
-    assert served.count("\n$ ") == 3 and "vllm.entrypoints.openai.api_server" in served  # start, restart, critic
+    # the policy's server started once (and again at each restart: the kill's, and any a loaded CI machine adds),
+    # the critic's once: the test stage used the kept server
+    assert served.count("\n$ ") == 2 + restarts and "vllm.entrypoints.openai.api_server" in served
     assert "api_server --model " + str(run / "critic" / "hf") in served
     ranked = [json.loads(line) for line in open(run / "bon" / "ranked.jsonl")]
     assert ranked and all(len(r["judge_result"]) == 4 for r in ranked)

@@ -18,6 +18,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -122,6 +123,17 @@ class ManagedServer:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def _wait_port_free(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", self.port))
+                    return
+                except OSError:
+                    time.sleep(0.2)
+
     def _wait_healthy(self) -> None:
         deadline = time.time() + self.start_timeout_s
         while not healthy(self.url):
@@ -156,6 +168,7 @@ class ManagedServer:
                 log.warning("the %s exited with %s; restarting it (restart %d), log %s", self.what,
                             self.proc.returncode, self.restarts, self.logfile)
                 self._kill_group()  # what the dead server left behind
+                self._wait_port_free(30.0)  # a child of the dead server may still hold its socket for a moment
                 try:
                     self._launch()
                     deadline = time.time() + self.start_timeout_s

@@ -179,13 +179,14 @@ class SlotPrograms:
 
     @staticmethod
     def _copy_rows(cache, src, dsts, positions):
-        def move(full):
-            part = jax.lax.dynamic_index_in_dim(full, src, 0, keepdims=True)
-            part = part[:, :positions] if full.ndim == 2 else part[:, :, :positions]
+        def move(full, axis):  # the first `positions` along `axis` of row src into rows dsts
+            part = jax.lax.slice_in_dim(jax.lax.dynamic_index_in_dim(full, src, 0, keepdims=True), 0, positions,
+                                        axis=axis)
             part = jnp.broadcast_to(part, (dsts.shape[0], *part.shape[1:]))
-            return full.at[dsts, :positions].set(part) if full.ndim == 2 else full.at[dsts, :, :positions].set(part)
-        return {"k": tuple(map(move, cache["k"])), "v": tuple(map(move, cache["v"])),
-                "segment_ids": move(cache["segment_ids"])}
+            index = (dsts,) + (slice(None),) * (axis - 1) + (slice(0, positions),)
+            return full.at[index].set(part)
+        return {"k": tuple(move(k, 3) for k in cache["k"]), "v": tuple(move(v, 2) for v in cache["v"]),
+                "segment_ids": move(cache["segment_ids"], 1)}
 
     def _copy_fn(self, state, src, dsts, *, positions):
         return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}

@@ -228,32 +228,33 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
 
 
 def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_offset, impl: str = "auto"):
-    """Attention of T new queries q [B,T,N,H] over a KV cache k/v [B,K,S,H] (the cache's layout: each (row, kv
-    head) block of keys is contiguous), where query 0 sits at key index `q_offset` (a scalar, or one per row [B] for
-a single query per row). Returns [B,T,N,H].
+    """Attention of T new queries q [B,T,N,H] over a KV cache of keys k [B,K,H,S] and values v [B,K,S,H] (the
+    cache's layouts, `models.init_cache`), where query 0 sits at key index `q_offset` (a scalar, or one per row [B]
+    for a single query per row). Returns [B,T,N,H].
 
-    One query per row (decoding) is computed here straight from that layout: both products are plain batched
-    matmuls with no transposes, which XLA:CPU measured twice as fast as the [B,S,K,H] layout. Longer query blocks
-    (prefill, candidate scoring) transpose the cache once and go through `attention`, which blocks long queries
-    and dispatches to the fused kernels."""
+    One query per row (decoding) is computed here straight from those layouts: both products are plain batched
+    matrix products, q [G,H] @ k [H,S] and p [G,S] @ v [S,H], with no transposes or packing (XLA:CPU measured keys
+    laid out [S,H] twice as slow, and the [B,S,K,H] layout slower still). Longer query blocks (prefill, candidate
+    scoring) transpose the cache once and go through `attention`, which blocks long queries and dispatches to the
+    fused kernels."""
     b, t, n, h = q.shape
     kv = k_cache.shape[1]
     if t > 1 and jnp.ndim(q_offset):
         raise ValueError("per-row cache offsets take one new query per row")
     if t > 1:
-        return attention(q, k_cache.swapaxes(1, 2), v_cache.swapaxes(1, 2), q_segment_ids, kv_segment_ids,
+        return attention(q, k_cache.transpose(0, 3, 1, 2), v_cache.swapaxes(1, 2), q_segment_ids, kv_segment_ids,
                          impl=impl, q_offset=q_offset)
     mask = attention_mask(q_segment_ids, kv_segment_ids, causal=True, q_offset=q_offset)[:, :, 0]  # [B, 1, S]
     qg = q.reshape(b, kv, n // kv, h)
-    scores = jnp.einsum("bkgh,bksh->bkgs", qg, k_cache, preferred_element_type=jnp.float32) * h ** -0.5
+    scores = jnp.einsum("bkgh,bkhs->bkgs", qg, k_cache, preferred_element_type=jnp.float32) * h ** -0.5
     scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
     return jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(b, 1, n, h).astype(q.dtype)
 
 
 def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, segment_ids, *, block: int = 2048):
-    """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (cache layout: prefix_k/v [1,K,P,H],
-    prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v [N,C,K,H] (causal within the row,
+    """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (the cache's layouts: prefix_k [1,K,H,P],
+    prefix_v [1,K,P,H], prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v [N,C,K,H] (causal within the row,
     segment ids [N,C]). Returns [N,C,Nq,H].
 
     The prefix is never copied per row: the N*C*G queries of a KV head meet its P prefix keys in one matrix product.
@@ -271,13 +272,13 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
     p_own = jnp.exp(own - m[..., None])
     total, out = p_own.sum(-1), jnp.einsum("nxgcs,nsxh->nxgch", p_own.astype(v.dtype), v, preferred_element_type=f32)
 
-    p = prefix_k.shape[2]
+    p = prefix_v.shape[2]
     size = next((b for b in (block, block // 2, block // 4) if p % b == 0), p) if p > block else p
 
     def add_block(carry, blk):
         m, total, out = carry
-        kb, vb, segb = blk  # [K, b, H], [K, b, H], [b]
-        sc = jnp.einsum("ncxgh,xph->nxgcp", qg, kb, preferred_element_type=f32) * scale
+        kb, vb, segb = blk  # [K, H, b], [K, b, H], [b]
+        sc = jnp.einsum("ncxgh,xhp->nxgcp", qg, kb, preferred_element_type=f32) * scale
         sc = jnp.where(segb[None, None, None, None] > 0, sc, neg)
         m_new = jnp.maximum(m, sc.max(-1))
         pb = jnp.exp(sc - m_new[..., None])
@@ -287,7 +288,8 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
         return (m_new, total * rescale + pb.sum(-1), out), None
 
     nb = p // size
-    kb, vb = (x[0].reshape(kv, nb, size, h).swapaxes(0, 1) for x in (prefix_k, prefix_v))  # [nb, K, size, H]
+    kb = prefix_k[0].reshape(kv, h, nb, size).transpose(2, 0, 1, 3)  # [nb, K, H, size]
+    vb = prefix_v[0].reshape(kv, nb, size, h).swapaxes(0, 1)  # [nb, K, size, H]
     (m, total, out), _ = jax.lax.scan(add_block, (m, total, out), (kb, vb, prefix_segment_ids[0].reshape(nb, size)))
     out = out / total[..., None]  # [N, K, G, C, H]
     return out.transpose(0, 3, 1, 2, 4).reshape(n, c, nq, h).astype(q.dtype)

@@ -156,10 +156,10 @@ _REMAT = {
 
 def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None, branch_ids=None, *,
                    window: int | None = None, prefix=None):
-    """One layer. With `kv` = (k_cache [B,K,S,H], v_cache, kv_segment_ids [B,S], index), the new keys and values are
-    written into the cache at `index` (a slot for every row, or one per row [B]) and the queries attend over the
-    cache (its first `window` slots when given); returns (x, (k_cache, v_cache)). With `prefix` = (k [1,K,P,H], v,
-    segment_ids [1,P]) instead, the rows attend over that one shared prefix, never copied, and then causally over
+    """One layer. With `kv` = (k_cache [B,K,H,S], v_cache [B,K,S,H], kv_segment_ids [B,S], index, row), the new
+    keys and values are written into the cache at `index` (a slot for every row, or one per row [B]) and the queries attend over the
+    cache (its first `window` slots when given); returns (x, (k_cache, v_cache)). With `prefix` = (k [1,K,H,P],
+    v [1,K,P,H], segment_ids [1,P]) instead, the rows attend over that one shared prefix, never copied, and then causally over
     their own tokens; returns x."""
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
@@ -177,14 +177,15 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
                       kv_branch_ids=branch_ids)
     else:
         k_cache, v_cache, kv_segment_ids, index, row = kv
-        k_cache = _write_cache(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index, row)
+        k_cache = _write_cache(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), index, row, axis=3)
         v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, row)
-        span = k_cache.shape[2] if window is None else min(window, k_cache.shape[2])
+        span = v_cache.shape[2] if window is None else min(window, v_cache.shape[2])
         if row is not None:  # one row of a cache of many: read its first `span` slots only
-            kc, vc = (jax.lax.dynamic_slice_in_dim(c, row, 1, axis=0)[:, :, :span] for c in (k_cache, v_cache))
+            kc = jax.lax.dynamic_slice_in_dim(k_cache, row, 1, axis=0)[..., :span]
+            vc = jax.lax.dynamic_slice_in_dim(v_cache, row, 1, axis=0)[:, :, :span]
             kv_segment_ids = kv_segment_ids[:, :span]
-        elif span < k_cache.shape[2]:  # the slots in use: attention reads no more
-            kc, vc, kv_segment_ids = k_cache[:, :, :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
+        elif span < v_cache.shape[2]:  # the slots in use: attention reads no more
+            kc, vc, kv_segment_ids = k_cache[..., :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
         else:
             kc, vc = k_cache, v_cache
         a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
@@ -204,14 +205,17 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     return x if kv is None else (x, (k_cache, v_cache))
 
 
-def _write_cache(cache, new, index, row=None):
-    """new [B, K, T, H] into cache [B, K, S, H] at slot `index` (shared) or at index[b] for row b; with `row`, new
-    [1, K, T, H] goes into that row of the cache at `index`."""
+def _write_cache(cache, new, index, row=None, axis: int = 2):
+    """new [B, ..., T, ...] into cache [B, ..., S, ...] (positions on `axis`: [B, K, S, H] values, [B, K, H, S]
+    keys) at slot `index` (shared) or at index[b] for row b; with `row`, new [1, ...] goes into that row of the cache
+    at `index`."""
     if row is not None:
-        return jax.lax.dynamic_update_slice(cache, new, (row, 0, index, 0))
+        start = [row] + [0] * (cache.ndim - 1)
+        start[axis] = index
+        return jax.lax.dynamic_update_slice(cache, new, start)
     if jnp.ndim(index) == 0:
-        return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis=2)
-    return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x, i, axis=1))(cache, new, index)
+        return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis=axis)
+    return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x, i, axis=axis - 1))(cache, new, index)
 
 
 def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids, branch_ids=None):
@@ -275,21 +279,24 @@ def unstack_layers(params: Params) -> Params:
 
 
 def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
-    """An empty KV cache for `batch` rows of `size` positions: per-layer tuples k, v of [B, K, S, H] arrays (the
-    layout decode attention reads without transposes) and segment_ids [B, S] (0 = empty, never attended to by a real
-    token). Every array has the batch first; `cache_logical_axes` names the dimensions."""
-    shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
+    """An empty KV cache for `batch` rows of `size` positions: per-layer tuples of keys k [B, K, H, S] and values
+    v [B, K, S, H], and segment_ids [B, S] (0 = empty, never attended to by a real token). These are the layouts
+    that decode attention's two products read as plain matrix products, without transposes or packing (keys with
+    their positions last: XLA:CPU took twice as long over [B, K, S, H] keys). Every array has the batch first;
+    `cache_logical_axes` names the dimensions."""
+    k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, size)
+    v_shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     layers = range(cfg.num_layers)
-    return {"k": tuple(jnp.zeros(shape, dtype) for _ in layers), "v": tuple(jnp.zeros(shape, dtype) for _ in layers),
-            "segment_ids": jnp.zeros((batch, size), jnp.int32)}
+    return {"k": tuple(jnp.zeros(k_shape, dtype) for _ in layers),
+            "v": tuple(jnp.zeros(v_shape, dtype) for _ in layers), "segment_ids": jnp.zeros((batch, size), jnp.int32)}
 
 
 def cache_logical_axes(cfg: LlamaConfig) -> dict:
     """Logical axis names of every `init_cache` array (`parallel.sharding`): rows over the batch axes, KV heads over
     the tensor axis, like the weights that write them."""
-    kv = ("batch", "kv_heads", "cache_seq", "head_dim")
-    return {"k": (kv,) * cfg.num_layers, "v": (kv,) * cfg.num_layers, "segment_ids": ("batch", "cache_seq")}
+    k, v = ("batch", "kv_heads", "head_dim", "cache_seq"), ("batch", "kv_heads", "cache_seq", "head_dim")
+    return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, "segment_ids": ("batch", "cache_seq")}
 
 
 def inference_logical_axes(cfg: LlamaConfig) -> Params:
