@@ -177,16 +177,15 @@ class SlotPrograms:
         logits = jax.lax.dynamic_update_index_in_dim(state["logits"], logits, slot, 0)
         return {**state, "cache": cache, "logits": logits}
 
-    @staticmethod
-    def _copy_rows(cache, src, dsts, positions):
-        def move(full, axis):  # the first `positions` along `axis` of row src into rows dsts
+    def _copy_rows(self, cache, src, dsts, positions):
+        def move(full, names):  # the first `positions` cache positions of row src into rows dsts
+            axis = names.index("cache_seq")
             part = jax.lax.slice_in_dim(jax.lax.dynamic_index_in_dim(full, src, 0, keepdims=True), 0, positions,
                                         axis=axis)
             part = jnp.broadcast_to(part, (dsts.shape[0], *part.shape[1:]))
             index = (dsts,) + (slice(None),) * (axis - 1) + (slice(0, positions),)
             return full.at[index].set(part)
-        return {"k": tuple(move(k, 3) for k in cache["k"]), "v": tuple(move(v, 2) for v in cache["v"]),
-                "segment_ids": move(cache["segment_ids"], 1)}
+        return jax.tree.map(move, cache, models.cache_logical_axes(self.cfg))  # arrays, with their names
 
     def _copy_fn(self, state, src, dsts, *, positions):
         return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}

@@ -253,9 +253,9 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
 
 
 def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, segment_ids, *, block: int = 2048):
-    """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (the cache's layouts: prefix_k [1,K,H,P],
-    prefix_v [1,K,P,H], prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v [N,C,K,H] (causal within the row,
-    segment ids [N,C]). Returns [N,C,Nq,H].
+    """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (the cache's layouts: prefix_k
+    [1,K,H,P], prefix_v [1,K,P,H], prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v
+    [N,C,K,H] (causal within the row, segment ids [N,C]). Returns [N,C,Nq,H].
 
     The prefix is never copied per row: the N*C*G queries of a KV head meet its P prefix keys in one matrix product.
     Long prefixes are taken in blocks of `block` keys with a running (max, sum) softmax, so the temporaries stay

@@ -157,10 +157,10 @@ _REMAT = {
 def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv=None, branch_ids=None, *,
                    window: int | None = None, prefix=None):
     """One layer. With `kv` = (k_cache [B,K,H,S], v_cache [B,K,S,H], kv_segment_ids [B,S], index, row), the new
-    keys and values are written into the cache at `index` (a slot for every row, or one per row [B]) and the queries attend over the
-    cache (its first `window` slots when given); returns (x, (k_cache, v_cache)). With `prefix` = (k [1,K,H,P],
-    v [1,K,P,H], segment_ids [1,P]) instead, the rows attend over that one shared prefix, never copied, and then causally over
-    their own tokens; returns x."""
+    keys and values are written into the cache at `index` (a slot for every row, or one per row [B]) and the
+    queries attend over the cache (its first `window` slots when given); returns (x, (k_cache, v_cache)). With
+    `prefix` = (k [1,K,H,P], v [1,K,P,H], segment_ids [1,P]) instead, the rows attend over that one shared prefix,
+    never copied, and then causally over their own tokens; returns x."""
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
