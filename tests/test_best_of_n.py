@@ -175,3 +175,50 @@ def test_sample_and_rank_split_over_the_processes_of_a_distributed_job(files, tm
     np.testing.assert_allclose([r["judge_result"] for r in map(json.loads, open(tmp_path / "ranked.jsonl"))],
                                [r["judge_result"] for r in map(json.loads, open(tmp_path / "ranked_one.jsonl"))],
                                atol=1e-6)
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_best_of_n_evaluation_split_over_the_processes_of_a_distributed_job(files, tmp_path):
+    """Two processes of a local jax.distributed job play every other task with their own caches, and process 0 merges
+    the scored episodes: the same table, trajectories and states as one process gives, and no per-process file
+    left behind."""
+    import random
+
+    from multidevice import run_processes
+
+    synthetic.write_jsonl(tmp_path / "tasks.jsonl", [synthetic.make_ask_task(random.Random(i)) for i in range(5)])
+    args = ["evaluate", "--policy", files / "policy", "--simulator", files / "policy", "--tasks",
+            tmp_path / "tasks.jsonl", "--judge", f"critic={files / 'other'}", "--ns", "1,2", "--max-steps", "2",
+            "--max-tokens", "5", "--simulator-max-tokens", "4", "--batch", "2"]
+    alone = _run(*args, "--output", tmp_path / "one.json")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    cmd = [sys.executable, "-m", "sweet_jax.best_of_n", *map(str, args), "--output", str(tmp_path / "two.json")]
+    procs = run_processes(cmd, n_processes=2, devices_per_process=1, cwd=ROOT)
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    # process 1 played tasks 2 and 4 only: 2 selectors x 2 Ns x 2 tasks
+    assert json.loads(procs[1].stdout.strip().splitlines()[-1]) == {"process": 1, "episodes": 8}
+    one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))
+    assert two == one and two["episodes"]["critic"]["2"] == 5
+
+    def rows(name, ext):
+        return [json.loads(line) for line in open(tmp_path / f"{name}.json.{ext}.jsonl")]
+
+    assert rows("two", "trajectories") == rows("one", "trajectories")
+    # the same states and replies; a state's log-probs and scores may differ in the last float bits, since its
+    # batch of states is another one
+    states = {name: {(r["kind"], r.get("repeat"), r.get("task"), r["prompt"]): r for r in rows(name, "states")}
+              for name in ("one", "two")}
+    assert states["two"].keys() == states["one"].keys()
+    for key, want in states["one"].items():
+        got = states["two"][key]
+        if key[0] == "reply":
+            assert got == want
+            continue
+        assert got["candidates"] == want["candidates"]
+        for field in ("mean", "sum"):
+            np.testing.assert_allclose(got[field], want[field], atol=1e-5)
+        np.testing.assert_allclose(got["judge"]["critic"], want["judge"]["critic"], atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == \
+        ["two.json", "two.json.states.jsonl", "two.json.trajectories.jsonl"]

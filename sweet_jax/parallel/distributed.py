@@ -14,6 +14,8 @@ over a mesh that spans all of them is one global computation. What this module a
   only inside its functions, so `launch/` can use it on a machine without jax).
 - `from_leader(x)`: process 0's value of `x` on every process, so that all of them take the same branch (a cache that
   only process 0 can see, for instance) and run the same collective computations.
+- `ProcessShare`: a job of independent items split over the processes (sampling, ranking, best-of-N evaluation),
+  each writing its own partial file, and process 0 merging them once all are written.
 """
 
 from __future__ import annotations
@@ -115,3 +117,43 @@ def to_host(x):
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class ProcessShare:
+    """This process's share of a job of independent items, in a `jax.distributed` job (all of them in a single
+    process): items i with i % count == index.
+
+        share = ProcessShare()                     # joins the job: call it before jax touches a device
+        for i in share.mine(len(items)): ...       # into OUT + share.suffix(".partial")
+        share.gather("OUT", merge)                 # every process waits; process 0 alone runs merge()
+
+    `suffix(base)` is base in a single process and base.<index> otherwise, so each process appends to its own file.
+    `gather` returns on every process once merge() has run, so the merged output exists when any of them goes on.
+    """
+
+    def __init__(self):
+        import jax
+
+        initialize()
+        self.index, self.count = jax.process_index(), jax.process_count()
+
+    def mine(self, items: int) -> range:
+        return range(self.index, items, self.count)
+
+    def suffix(self, base: str, process: int | None = None) -> str:
+        return base if self.count == 1 else f"{base}.{self.index if process is None else process}"
+
+    def suffixes(self, base: str) -> list[str]:
+        """Every process's `suffix(base)`, in process order."""
+        return [self.suffix(base, p) for p in range(self.count)]
+
+    def gather(self, name: str, merge) -> None:
+        if self.count == 1:
+            merge()
+            return
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"{name}: every share written")
+        if self.index == 0:
+            merge()
+        multihost_utils.sync_global_devices(f"{name}: merged")

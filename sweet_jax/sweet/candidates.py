@@ -118,43 +118,35 @@ def _by_line(output: str, suffix: str = ".partial"):
 
 
 class _Share:
-    """This process's share of a job's input lines in a `jax.distributed` job (every line in a single process):
-    lines i with i % processes == index, in its own partial file OUT.partial.<index>. `finish` waits for every
-    process, then process 0 merges the partial files in line order into OUT."""
+    """This process's share of a job's input lines (`distributed.ProcessShare`), its partial file OUT.partial[.<index>]
+    keyed by line. `finish` waits for every process, then process 0 merges the partial files in line order into OUT."""
 
     def __init__(self, output: str, lines: int):
-        import jax
+        from sweet_jax.parallel.distributed import ProcessShare
 
-        from sweet_jax.parallel import distributed
-
-        distributed.initialize()
-        self.index, self.count, self.output, self.lines = jax.process_index(), jax.process_count(), output, lines
-        self.part = _by_line(output, ".partial" if self.count == 1 else f".partial.{self.index}")
+        self.procs, self.output, self.lines = ProcessShare(), output, lines
+        self.part = _by_line(output, self.procs.suffix(".partial"))
 
     def todo(self) -> list[int]:
-        return [i for i in range(self.index, self.lines, self.count) if i not in self.part.done]
+        return [i for i in self.procs.mine(self.lines) if i not in self.part.done]
 
     def finish(self) -> None:
-        if self.count == 1:
-            self.part.finish([self.part.done[i]["record"] for i in range(self.lines)])
-            return
-        from jax.experimental import multihost_utils
+        import os
+
+        from sweet_jax.files.jsonl import write_jsonl
 
         self.part.close()
-        multihost_utils.sync_global_devices(f"{self.output}: every share written")
-        if self.index == 0:
-            import os
 
-            from sweet_jax.files.jsonl import write_jsonl
-
-            parts = [_by_line(self.output, f".partial.{p}") for p in range(self.count)]
+        def merge():
+            parts = [_by_line(self.output, suffix) for suffix in self.procs.suffixes(".partial")]
             done = {k: v for part in parts for k, v in part.done.items()}
             for part in parts:
                 part.close()
             write_jsonl(self.output, [done[i]["record"] for i in range(self.lines)])
             for part in parts:
                 os.remove(part.path)
-        multihost_utils.sync_global_devices(f"{self.output}: merged")
+
+        self.procs.gather(self.output, merge)
 
 
 def sample(s: SampleSettings) -> dict:

@@ -10,7 +10,11 @@ uses the first N of them, so the curves differ only in the selection.
 States, candidates, judge scores and simulator replies go to OUT.cache.partial as they are made, so a killed run
 resumes from it. At the end OUT (JSON) is written atomically, {"success": {selector: {N: rate}}, "tests_passed": ...,
 "episodes": ...}, with OUT.trajectories.jsonl (every episode, with `selector`, `n`, `repeat`) and OUT.states.jsonl
-(the cache). `SelectionSettings` is the flags of `python -m sweet_jax.best_of_n evaluate`.
+(the cache).
+
+In a `jax.distributed` job (a multi-host launch), each process plays the episodes of every P-th task, with its own
+cache OUT.cache.partial.<index>, and scores them into OUT.episodes.<index>; process 0 merges them into the same
+files as one process writes. `SelectionSettings` is the flags of `python -m sweet_jax.best_of_n evaluate`.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ def evaluate(s: SelectionSettings) -> dict:
     from sweet_jax.files.partial import PartialFile
     from sweet_jax.inference.sampling import SamplingParams
     from sweet_jax.inference.scheduler import generate
+    from sweet_jax.parallel.distributed import ProcessShare
     from sweet_jax.sweet.judges import Judge, shared_model
 
     tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth", "test_cases"))
@@ -109,6 +114,7 @@ def evaluate(s: SelectionSettings) -> dict:
     if not ns or ns[0] < 1:
         raise DataError(f"--ns {s.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
     judge_kw = parse_judges(s.judge)
+    share = ProcessShare()  # (joins a multi-process job before jax touches a device)
     # one copy of each model, whether it is the policy, the simulator or a judge
     from sweet_jax.inference.placement import Placement
 
@@ -125,9 +131,12 @@ def evaluate(s: SelectionSettings) -> dict:
 
     # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
     # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
-    cache = PartialFile(s.output, suffix=".cache.partial", what="a best-of-N state or reply",
-                        key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"]) if rec["kind"] == "state"
-                        else ("reply", rec["prompt"]))
+    def open_cache(suffix: str) -> PartialFile:
+        return PartialFile(s.output, suffix=suffix, what="a best-of-N state or reply",
+                           key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"])
+                           if rec["kind"] == "state" else ("reply", rec["prompt"]))
+
+    cache = open_cache(share.suffix(".cache.partial"))
     states = {k[1:]: rec for k, rec in cache.done.items() if k[0] == "state"}
     replies = {k[1]: rec["reply"] for k, rec in cache.done.items() if k[0] == "reply"}
 
@@ -137,7 +146,8 @@ def evaluate(s: SelectionSettings) -> dict:
 
     selectors = ["random", *judges]
     episodes = [SelectionEpisode(sel, n, r, t, BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt))
-                for sel in selectors for n in ns for r in range(s.repeats) for t, task in enumerate(tasks)]
+                for sel in selectors for n in ns for r in range(s.repeats) for t in share.mine(len(tasks))
+                for task in [tasks[t]]]
     bar = tqdm(total=len(episodes), desc="best-of-N episodes", disable=None)
     with cache:
         while True:
@@ -189,17 +199,47 @@ def evaluate(s: SelectionSettings) -> dict:
         if key not in scores:
             task = e.episode.task
             scores[key] = evaluator.score(e.episode.answer, task["ground_truth"], task["test_cases"]).reward
+    records = [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
+                "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes]
+    cache.close()
+    if share.count > 1:
+        write_jsonl(s.output + share.suffix(".episodes"), records)
+    result = {}
+
+    def merge():
+        import os
+
+        caches = [open_cache(suffix) for suffix in share.suffixes(".cache.partial")]
+        merged = records
+        if share.count > 1:
+            order = {sel: i for i, sel in enumerate(selectors)}
+            files = [s.output + suffix for suffix in share.suffixes(".episodes")]
+            merged = sorted((r for f in files for r in read_jsonl(f)),
+                            key=lambda r: (order[r["selector"]], r["n"], r["repeat"], r["task_index"]))
+        table = _table(merged, selectors, ns)
+        write_jsonl(s.output + ".trajectories.jsonl", merged)
+        write_json(s.output, {**table, "tasks": len(tasks), "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
+                              "judges": judge_kw})
+        # kept for inspection: every state's candidates and scores
+        write_jsonl(s.output + ".states.jsonl", [rec for c in caches for rec in c.done.values()])
+        for c in caches:
+            c.close()
+            os.remove(c.path)
+        for f in files if share.count > 1 else []:
+            os.remove(f)
+        result["success"] = table["success"]
+
+    share.gather(s.output, merge)
+    return result or {"process": share.index, "episodes": len(records)}
+
+
+def _table(records: list[dict], selectors: list[str], ns: list[int]) -> dict:
+    """{"success" | "tests_passed" | "episodes": {selector: {N: value}}} of the scored episode records."""
     table = {k: {sel: {} for sel in selectors} for k in ("success", "tests_passed", "episodes")}
     for sel in selectors:
         for n in ns:
-            rewards = [scores[(e.task_index, e.episode.answer)] for e in episodes if e.selector == sel and e.n == n]
+            rewards = [r["reward"] for r in records if r["selector"] == sel and r["n"] == n]
             table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
             table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
             table["episodes"][sel][str(n)] = len(rewards)
-    write_jsonl(s.output + ".trajectories.jsonl",
-                [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
-                  "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes])
-    write_json(s.output, {**table, "tasks": len(tasks), "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
-                          "judges": judge_kw})
-    cache.finish(path=s.output + ".states.jsonl")  # kept for inspection: every state's candidates and scores
-    return {"success": table["success"]}
+    return table
