@@ -17,6 +17,9 @@ import openai
 import pytest
 from system import needs_bwrap
 
+from sweet_jax.colbench import synthetic
+from sweet_jax.files.jsonl import write_jsonl
+
 from sweet_jax import models
 from sweet_jax.chat import load_tokenizer
 from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
@@ -159,13 +162,22 @@ def test_malformed_requests_get_4xx_and_the_server_stays_up(server, body, status
     assert server["proc"].poll() is None
 
 
+def _synthetic_tasks(tmp_path, n: int) -> str:
+    """n synthetic ColBench backend tasks (`colbench.synthetic`) in a JSONL file."""
+    import random
+
+    path = tmp_path / "tasks.jsonl"
+    write_jsonl(path, [synthetic.make_ask_task(random.Random(i), task_id=f"ask-{i}") for i in range(n)])
+    return str(path)
+
+
 @needs_bwrap
 def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_path):
     """The embedded default: sweet_jax.serve is both endpoints of a ColBench collection (completions for the agent,
-    chat for the simulator)."""
+    chat for the simulator), on synthetic backend tasks."""
     proc = subprocess.run(
         [sys.executable, "-m", "sweet_jax.collect", "--config", os.path.join(ROOT, "configs", "collect_backend.py"),
-         f"--config.tasks={os.path.join(ROOT, '..', 'shared', 'colbench', 'backend_test.jsonl')}",
+         f"--config.tasks={_synthetic_tasks(tmp_path, 3)}",
          f"--config.output={tmp_path / 'out.jsonl'}", "--config.limit=3", "--config.rollouts=1",
          "--config.max_steps=2", f"--config.agent.base_url={server['url']}/v1", "--config.agent.model=model",
          "--config.agent.max_tokens=12", f"--config.simulator.base_url={server['url']}/v1",
@@ -183,9 +195,7 @@ def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_p
 def test_a_seeded_collection_replays_the_same_conversations_at_any_concurrency(server, tmp_path):
     """Continuous batching makes collection reproducible: the same seed, with 8 conversations in flight or one at a
     time, gives the same sampled conversations (agent at temperature 1)."""
-    from system import colbench_file
-
-    tasks = colbench_file("backend_test.jsonl")
+    tasks = _synthetic_tasks(tmp_path, 4)
     outs = []
     for i, concurrency in enumerate((8, 1)):
         out = tmp_path / f"out{i}.jsonl"
