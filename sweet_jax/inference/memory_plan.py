@@ -122,7 +122,7 @@ def plan_serving(model: str, mesh_sizes: dict, *, slots: int, context: int, rank
 
     from sweet_jax.parallel.sharding import make_mesh
 
-    cfg = models.config_from_pretrained(model) if os.path.isdir(model) else models.preset(model)
+    cfg = models.load_config(model) if os.path.isdir(model) else models.preset(model)
     placement = Placement(make_mesh(mesh_sizes))
     if rank:
         return plan_ranking(cfg, placement, history=context, candidates=rank, candidate_len=candidate_len,

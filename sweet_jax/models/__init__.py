@@ -1,7 +1,7 @@
-"""Model families as pure functions over parameter pytrees (Llama-3.x for now), with HF and Orbax checkpoints.
+"""Model families as pure functions over parameter pytrees (Llama-3.x, Qwen2), with HF and Orbax checkpoints.
 
     from sweet_jax import models
-    cfg = models.config_from_pretrained(hf_dir)          # the family comes from config.json's model_type
+    cfg = models.load_config(hf_dir)                      # the family comes from config.json's model_type
     params = models.load_hf_params(hf_dir, cfg)          # f32 unless a dtype is given
     logits = models.forward(params, cfg, tokens)          # tokens int32 [B, T] -> [B, T, vocab]
     models.save_hf_params(params, cfg, out_dir)
@@ -12,8 +12,8 @@ registry (`models.families`) says which config parser, parameter spec, weight la
 """
 
 from sweet_jax.models.attention import attention, attention_mask
-from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, RopeScaling
-from sweet_jax.models.families import FAMILIES, ModelFamily, config_from_pretrained, family, family_of, preset
+from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, Qwen2Config, RopeScaling
+from sweet_jax.models.families import FAMILIES, ModelFamily, family, family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params
 from sweet_jax.models.llama import (Params, abstract_params, cache_logical_axes, forward, forward_cached,
                                     forward_hidden, forward_on_prefix, inference_logical_axes, init_cache, init_params,
@@ -21,13 +21,13 @@ from sweet_jax.models.llama import (Params, abstract_params, cache_logical_axes,
                                     unstack_layers)
 from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
 
-ModelConfig = LlamaConfig  # the config type of the families implemented so far
+ModelConfig = LlamaConfig  # the config type of every family so far (Qwen2Config is a LlamaConfig)
 
 __all__ = [
     "FAMILIES", "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "LoadedModel", "ModelConfig",
-    "ModelFamily", "ModelLoadError", "Params", "RopeScaling", "abstract_params", "attention", "attention_mask",
-    "cache_logical_axes", "config_from_pretrained", "family", "family_of", "forward", "forward_cached",
-    "forward_hidden", "forward_on_prefix", "inference_logical_axes", "init_cache", "init_params", "lm_head_weight",
+    "ModelFamily", "ModelLoadError", "Params", "Qwen2Config", "RopeScaling", "abstract_params", "attention",
+    "attention_mask", "cache_logical_axes", "family", "family_of", "forward", "forward_cached", "forward_hidden",
+    "forward_on_prefix", "inference_logical_axes", "init_cache", "init_params", "lm_head_weight", "load_config",
     "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
     "repeat_kv_heads", "save_hf_params", "token_values", "unstack_layers",
 ]

@@ -1,8 +1,9 @@
-"""`LlamaConfig`: the one frozen description of a Llama model and how to run it.
+"""The configs of the decoder families: `LlamaConfig` (Llama-3.x) and `Qwen2Config` (Qwen2, Qwen2.5: the same
+decoder with biases on the query, key and value projections), frozen descriptions of a model and how to run it.
 
 Architecture fields mirror HF `config.json`; the execution fields at the end (dtypes, remat policy, attention
-implementation) are ours and never come from a checkpoint. The dataclass is frozen and hashable, so it can be a static
-argument to `jax.jit`.
+implementation) are ours and never come from a checkpoint. The dataclasses are frozen and hashable, so a config can be
+a static argument to `jax.jit`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RopeScaling:
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     model_type: ClassVar[str] = "llama"  # HF config.json's model_type; its family in `models.families`
+    hf_prefix: ClassVar[str] = "Llama"  # HF class names: {prefix}ForCausalLM, {prefix}ForSequenceClassification
 
     vocab_size: int
     hidden_size: int
@@ -63,6 +65,7 @@ class LlamaConfig:
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 131072
     tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2), none on the output projection
     bos_token_id: int | None = 128000
     eos_token_id: int | tuple[int, ...] | None = 128001
     # A scalar linear head on the final hidden state instead of the LM head: HF `LlamaForSequenceClassification`
@@ -100,7 +103,7 @@ class LlamaConfig:
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def replace(self, **changes: Any) -> "LlamaConfig":
+    def replace(self, **changes: Any):
         """dataclasses.replace, except that a head_dim derived from hidden_size // num_heads is derived again."""
         derived = self.head_dim * self.num_heads == self.hidden_size
         if derived and "head_dim" not in changes and ({"hidden_size", "num_heads"} & changes.keys()):
@@ -110,7 +113,8 @@ class LlamaConfig:
     def num_params(self) -> int:
         d, f, v, l = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
         attn = d * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        per_layer = attn + 3 * d * f + 2 * d
+        bias = self.head_dim * (self.num_heads + 2 * self.num_kv_heads) if self.qkv_bias else 0
+        per_layer = attn + bias + 3 * d * f + 2 * d
         head = d if self.score_head else (0 if self.tie_word_embeddings else v * d)
         return v * d + head + l * per_layer + d
 
@@ -126,7 +130,7 @@ class LlamaConfig:
 
     # ------------------------------------------------------------------ presets
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "LlamaConfig":
+    def preset(cls, name: str, **overrides: Any):
         try:
             base = PRESETS[name]
         except KeyError:
@@ -135,26 +139,24 @@ class LlamaConfig:
 
     # ------------------------------------------------------------------ HF I/O
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> "LlamaConfig":
+    def from_pretrained(cls, path: str | os.PathLike, **overrides: Any):
         """Read an HF `config.json` (a file, or the directory holding one). Unsupported settings raise ConfigError."""
         hf, file = read_hf_config(path)
         return cls.from_hf_dict(hf, source=file, **overrides)
 
     @classmethod
-    def from_hf_dict(cls, hf: dict, source: str = "<config>", **overrides: Any) -> "LlamaConfig":
+    def from_hf_dict(cls, hf: dict, source: str = "<config>", **overrides: Any):
         def fail(field: str, msg: str):
             raise ConfigError(f"{source}: field '{field}': {msg}")
 
-        if hf.get("model_type", "llama") != "llama":
-            fail("model_type", f"{hf.get('model_type')!r} is not supported (only 'llama')")
+        if hf.get("model_type", cls.model_type) != cls.model_type:
+            fail("model_type", f"{hf.get('model_type')!r} is not {cls.__name__}'s {cls.model_type!r}")
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if field not in hf:
                 fail(field, "missing")
         if hf.get("hidden_act", "silu") != "silu":
             fail("hidden_act", f"{hf['hidden_act']!r} is not supported (only 'silu')")
-        for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag):
-                fail(flag, "biases are not supported by the Llama-3 architecture implemented here")
+        cls._check_hf(hf, fail)
 
         # transformers >= 5 nests RoPE settings under `rope_parameters`; published Llama-3 configs use
         # `rope_theta` + `rope_scaling`. Accept both.
@@ -182,8 +184,8 @@ class LlamaConfig:
         if rope.get("attention_factor") not in (None, 1.0):
             fail(f"{rope_field}.attention_factor", "only 1.0 is supported")
 
-        archs = hf.get("architectures") or ["LlamaForCausalLM"]
-        score_head = "LlamaForSequenceClassification" in archs
+        archs = hf.get("architectures") or [f"{cls.hf_prefix}ForCausalLM"]
+        score_head = f"{cls.hf_prefix}ForSequenceClassification" in archs
         if score_head and len(hf.get("id2label") or {"0": "LABEL_0"}) != 1:
             fail("id2label", f"{len(hf['id2label'])} labels; a score head needs exactly one (a scalar value)")
         heads = int(hf["num_attention_heads"])
@@ -200,6 +202,7 @@ class LlamaConfig:
             rope_scaling=scaling,
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=cls._hf_qkv_bias(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"),
             score_head=score_head,
@@ -211,10 +214,21 @@ class LlamaConfig:
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
+    @classmethod
+    def _check_hf(cls, hf: dict, fail) -> None:
+        """Refuse the config.json settings of this family that the implementation does not run."""
+        for flag in ("attention_bias", "mlp_bias"):
+            if hf.get(flag):
+                fail(flag, "biases are not supported by the Llama-3 architecture implemented here")
+
+    @classmethod
+    def _hf_qkv_bias(cls, hf: dict) -> bool:
+        return False
+
     def to_hf_dict(self) -> dict:
         hf: dict[str, Any] = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [f"{self.hf_prefix}ForCausalLM"],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -237,10 +251,47 @@ class LlamaConfig:
         if self.pad_token_id is not None:
             hf["pad_token_id"] = self.pad_token_id
         if self.score_head:
-            hf.update(architectures=["LlamaForSequenceClassification"], id2label={"0": "LABEL_0"},
+            hf.update(architectures=[f"{self.hf_prefix}ForSequenceClassification"], id2label={"0": "LABEL_0"},
                       label2id={"LABEL_0": 0})
         if self.rope_scaling is not None:
             hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        return hf
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config(LlamaConfig):
+    """Qwen2 / Qwen2.5 (HF `Qwen2ForCausalLM`): the Llama decoder with biases on q, k and v (none on o), RoPE
+    theta 1e6, and full attention in every layer (the sliding-window variant is refused)."""
+
+    model_type: ClassVar[str] = "qwen2"
+    hf_prefix: ClassVar[str] = "Qwen2"
+
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    qkv_bias: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = 151645  # <|im_end|>
+
+    @classmethod
+    def _check_hf(cls, hf: dict, fail) -> None:
+        if hf.get("use_sliding_window"):
+            fail("use_sliding_window", "sliding-window attention is not supported (every layer attends fully)")
+        if any(t != "full_attention" for t in hf.get("layer_types") or ()):
+            fail("layer_types", "only 'full_attention' layers are supported")
+
+    @classmethod
+    def _hf_qkv_bias(cls, hf: dict) -> bool:
+        return True  # Qwen2Attention always has q, k and v biases
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.qkv_bias:
+            raise ConfigError("qkv_bias=False: Qwen2 always has biases on q, k and v")
+
+    def to_hf_dict(self) -> dict:
+        hf = super().to_hf_dict()
+        del hf["attention_bias"], hf["mlp_bias"]
+        hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
         return hf
 
 
@@ -277,4 +328,17 @@ PRESETS: dict[str, LlamaConfig] = {
         vocab_size=128256, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
         rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE, max_position_embeddings=131072,
         bos_token_id=128000, eos_token_id=(128001, 128008, 128009)),
+    # Published dimensions (Qwen/* config.json).
+    "qwen2-0.5b": Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
+        max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+    "qwen2-7b": Qwen2Config(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+        max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645),
+    "qwen2-72b": Qwen2Config(
+        vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_layers=80, num_heads=64, num_kv_heads=8,
+        max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645),
+    "qwen2-tiny": Qwen2Config(
+        vocab_size=151936, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
+        max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
 }

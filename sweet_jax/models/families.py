@@ -1,6 +1,6 @@
 """Model families: the registry from an HF `model_type` to what the rest of the code needs of a family.
 
-    family = families.family("llama")        # or family_of(cfg), or config_from_pretrained(hf_dir) to parse one
+    family = families.family("llama")        # or family_of(cfg), or load_config(hf_dir) to parse one
     family.config_class.preset("tiny")        # its config: parsed from config.json, presets
     family.param_shapes(cfg), family.param_logical_axes(cfg)   # the parameter spec
     family.hf_weight_layout(cfg)              # where each weight lives in an HF checkpoint
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sweet_jax.models import llama
-from sweet_jax.models.config import ConfigError, LlamaConfig, read_hf_config
+from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, Qwen2Config, read_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,9 @@ class ModelFamily:
 FAMILIES: dict[str, ModelFamily] = {
     "llama": ModelFamily("llama", LlamaConfig, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
                          chat_format="llama3"),
+    # Qwen2 is the Llama decoder with q/k/v biases (`Qwen2Config.qkv_bias`): the same functions run it.
+    "qwen2": ModelFamily("qwen2", Qwen2Config, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
+                         chat_format="chatml"),
 }
 
 
@@ -48,7 +51,7 @@ def family_of(cfg) -> ModelFamily:
     return family(cfg.model_type)
 
 
-def config_from_pretrained(path: str | os.PathLike, **overrides: Any):
+def load_config(path: str | os.PathLike, **overrides: Any):
     """The model config of an HF `config.json` (a file, or the directory holding one), parsed by its family.
     Unsupported settings raise ConfigError naming the file and field."""
     hf, file = read_hf_config(path)
@@ -59,6 +62,9 @@ def config_from_pretrained(path: str | os.PathLike, **overrides: Any):
     return fam.config_class.from_hf_dict(hf, source=file, **overrides)
 
 
+
 def preset(name: str, **overrides: Any):
-    """A named architecture preset (`models.config.PRESETS`)."""
-    return LlamaConfig.preset(name, **overrides)
+    """A named architecture preset of any family (`models.config.PRESETS`)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

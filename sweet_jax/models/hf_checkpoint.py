@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from sweet_jax.files.atomic import atomic_file, write_text
 from sweet_jax.models.config import LlamaConfig
-from sweet_jax.models.families import config_from_pretrained, family_of
+from sweet_jax.models.families import load_config, family_of
 from sweet_jax.models.llama import Params
 from sweet_jax.parallel.distributed import to_host
 
@@ -220,7 +220,7 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
     """
     hf_dir = os.fspath(hf_dir)
     if cfg is None:
-        cfg = config_from_pretrained(hf_dir)
+        cfg = load_config(hf_dir)
     dtype = np.dtype(jnp.dtype(dtype or jnp.float32))
     index = _TensorIndex(hf_dir)
     shapes = _flat(family_of(cfg).param_shapes(cfg))

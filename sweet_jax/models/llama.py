@@ -1,4 +1,4 @@
-"""Pure-functional Llama-3 / 3.1 / 3.2 over a parameter pytree.
+"""Pure-functional Llama-3 / 3.1 / 3.2 over a parameter pytree; with `cfg.qkv_bias`, the same decoder is Qwen2.
 
 Parameter layout (leading `L` = stacked layers, applied with `lax.scan`):
 
@@ -8,6 +8,8 @@ Parameter layout (leading `L` = stacked layers, applied with `lax.scan`):
       wq        [L, D, N, H]        ("layers", "embed", "q_heads", "head_dim")
       wk, wv    [L, D, K, H]        ("layers", "embed", "kv_heads", "head_dim")
       wo        [L, N, H, D]        ("layers", "q_heads", "head_dim", "embed")
+      bq        [L, N, H]           ("layers", "q_heads", "head_dim")      -- qkv_bias only (Qwen2)
+      bk, bv    [L, K, H]           ("layers", "kv_heads", "head_dim")     -- qkv_bias only
       mlp_norm  [L, D]              ("layers", "norm")
       w_gate    [L, D, F]           ("layers", "embed", "mlp")
       w_up      [L, D, F]           ("layers", "embed", "mlp")
@@ -53,6 +55,9 @@ def param_logical_axes(cfg: LlamaConfig) -> Params:
         },
         "final_norm": ("norm",),
     }
+    if cfg.qkv_bias:
+        axes["layers"].update(bq=("layers", "q_heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"),
+                              bv=("layers", "kv_heads", "head_dim"))
     if cfg.score_head:
         axes["score"] = ("embed",)
     elif not cfg.tie_word_embeddings:
@@ -79,6 +84,8 @@ def param_shapes(cfg: LlamaConfig) -> Params:
         },
         "final_norm": (d,),
     }
+    if cfg.qkv_bias:
+        shapes["layers"].update(bq=(l, n, h), bk=(l, k, h), bv=(l, k, h))
     if cfg.score_head:
         shapes["score"] = (d,)
     elif not cfg.tie_word_embeddings:
@@ -164,9 +171,10 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     dt = jnp.dtype(cfg.compute_dtype)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
-    q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w["wq"]), "q_proj")
-    k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w["wk"]), "k_proj")
-    v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w["wv"]), "v_proj")
+    q, k, v = (jnp.einsum("btd,dkh->btkh", h, w[name]) for name in ("wq", "wk", "wv"))
+    if cfg.qkv_bias:
+        q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+    q, k, v = (checkpoint_name(x, name) for x, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")))
     q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
@@ -315,10 +323,9 @@ def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Param
     if cfg.num_heads % (cfg.num_kv_heads * times):
         raise ValueError(f"{cfg.num_kv_heads} KV heads x {times} does not divide {cfg.num_heads} query heads")
 
-    def rep(layer):
-        axis = layer["wk"].ndim - 2  # [.., D, K, H]
-        return {**layer, "wk": jnp.repeat(layer["wk"], times, axis=axis),
-                "wv": jnp.repeat(layer["wv"], times, axis=axis)}
+    def rep(layer):  # wk, wv [.., D, K, H]; bk, bv [.., K, H]
+        kv = [name for name in ("wk", "wv", "bk", "bv") if name in layer]
+        return {**layer, **{name: jnp.repeat(layer[name], times, axis=layer[name].ndim - 2) for name in kv}}
 
     layers = params["layers"]
     layers = tuple(rep(x) for x in layers) if isinstance(layers, (tuple, list)) else rep(layers)
@@ -415,6 +422,10 @@ def hf_weight_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callabl
         "layers/w_up": (p + "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
         "layers/w_down": (p + "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
     }
+    if cfg.qkv_bias:  # HF biases are [out]
+        for ours, hf, heads in (("bq", "q", n), ("bk", "k", k), ("bv", "v", k)):
+            rules[f"layers/{ours}"] = (p + f"self_attn.{hf}_proj.bias", lambda w, m=heads: w.reshape(m, h),
+                                       lambda w, m=heads: w.reshape(m * h))
     if cfg.score_head:  # LlamaForSequenceClassification: `score` Linear(hidden, 1, bias=False)
         rules["score"] = ("score.weight", lambda w: w[0], lambda w: w[None])
     elif not cfg.tie_word_embeddings:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from sweet_jax import chat
 from sweet_jax.models import llama
 from sweet_jax.models.config import ConfigError
-from sweet_jax.models.families import config_from_pretrained, family_of, preset
+from sweet_jax.models.families import load_config, family_of, preset
 from sweet_jax.models.hf_checkpoint import load_hf_params
 
 log = logging.getLogger("sweet_jax.models")
@@ -38,7 +38,7 @@ def model_config(model_cfg, *, score_head: bool = False):
                 f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
                 f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
                 f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
-        cfg = config_from_pretrained(model_cfg.hf_path, **overrides)
+        cfg = load_config(model_cfg.hf_path, **overrides)
     else:
         cfg = preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
     pad = chat.get_format(family_of(cfg).chat_format).score_pad_token_id
@@ -89,7 +89,7 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
         log.info("loaded %s step %d", path, step)
         tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
     elif os.path.exists(os.path.join(path, "config.json")):
-        cfg = config_from_pretrained(path, compute_dtype=dtype)
+        cfg = load_config(path, compute_dtype=dtype)
         if inference_layout:
             cfg = cfg.replace(param_dtype=dtype)
         params = load_hf_params(path, cfg, dtype=cfg.param_dtype, shardings=shardings(cfg) if shardings else None)

@@ -165,7 +165,7 @@ def sample(s: SampleSettings) -> dict:
     if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
         from sweet_jax.sweet import endpoints
 
-        loaded = models.LoadedModel(models.config_from_pretrained(s.model), None,
+        loaded = models.LoadedModel(models.load_config(s.model), None,
                                     s.model if chat.has_tokenizer(s.model) else None)
         server = endpoints.Server(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
     else:

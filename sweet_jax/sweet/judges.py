@@ -94,7 +94,7 @@ def _config_only(model: str):
     """A `LoadedModel` without weights: the config and tokenizer of an HF directory served elsewhere."""
     from sweet_jax import models
 
-    return models.LoadedModel(models.config_from_pretrained(model), None,
+    return models.LoadedModel(models.load_config(model), None,
                               model if chat.has_tokenizer(model) else None)
 
 
