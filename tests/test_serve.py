@@ -3,10 +3,8 @@
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -15,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
-from system import needs_bwrap
+from system import needs_bwrap, start_server
 
 from sweet_jax.colbench import synthetic
 from sweet_jax.files.jsonl import write_jsonl
@@ -34,22 +32,7 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("served")
     params = models.init_params(CFG, jax.random.key(0), std=0.1)
     models.save_hf_params(params, CFG, d / "model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(d / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "sweet_jax.serve", "--model", str(d / "model"), "--port",
-                             str(port), "--max-model-len", "2048"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            break
-        except (urllib.error.URLError, ConnectionError):
-            if proc.poll() is not None:
-                raise AssertionError(open(d / "server.log").read()[-3000:])
-            time.sleep(0.5)
+    proc, url = start_server(d / "model", d, "--max-model-len", "2048")
     yield {"url": url, "params": params, "proc": proc, "log": d / "server.log"}
     proc.terminate()
     proc.wait(timeout=30)

@@ -1,17 +1,20 @@
-"""Chat formats: the interface (`formats`), its implementations (`llama3`), and tokenizer loading with its fallbacks
-(`tokenizers`). Imports no JAX.
+"""Chat formats: the interface (`formats`), its implementations (`llama3`, the official Llama-3.1 renderer;
+`templates`, any model's own Jinja chat template, and ChatML), and tokenizer loading with its fallbacks (`tokenizers`).
+Imports no JAX.
 
     from sweet_jax import chat
-    fmt = chat.get_format()                       # the default ("llama3"), or chat.get_format("llama3")
+    fmt = chat.get_format()                       # the default ("llama3"), or chat.get_format("chatml")
+    fmt = chat.format_for(tokenizer)              # the tokenizer's own template if it has one, else the default
     prompt = fmt.render_text(messages, add_generation_prompt=True)
     rendered = fmt.tokenized(tokenizer).render(messages)     # tokens, roles, turns, assistant mask
 """
 
 from sweet_jax.chat import llama3  # noqa: F401  (registers the "llama3" format)
+from sweet_jax.chat.templates import TemplateChatFormat, format_for  # registers "chatml"
 from sweet_jax.chat.formats import (ASSISTANT, DEFAULT_FORMAT, NO_ROLE, ROLE_IDS, ChatFormat, RenderedChat,
                                     SegmentedChat, TokenizedFormat, format_names, get_format, register)
 from sweet_jax.chat.tokenizers import find_tokenizer, has_tokenizer, load_tokenizer, tokenizer_dir
 
 __all__ = ["ASSISTANT", "DEFAULT_FORMAT", "NO_ROLE", "ROLE_IDS", "ChatFormat", "RenderedChat", "SegmentedChat",
-           "TokenizedFormat", "find_tokenizer", "format_names", "get_format", "has_tokenizer", "load_tokenizer",
+           "TemplateChatFormat", "TokenizedFormat", "find_tokenizer", "format_for", "format_names", "get_format", "has_tokenizer", "load_tokenizer",
            "register", "tokenizer_dir"]

@@ -38,7 +38,6 @@ class Engine:
                  model_name: str = "sweet_jax", max_batch: int = 64, max_model_len: int = 8192,
                  stream_segment: int = 8, prefill_chunk: int = 256, placement: Placement | None = None):
         self.placement = placement or Placement.build()
-        self.chat = chat.get_format(chat_format or models.family_of(cfg).chat_format)
         self.scheduler = Scheduler(params, cfg, self.placement, slots=max_batch, context=max_model_len,
                                    segment=stream_segment, prefill_chunk=prefill_chunk)
         # the placed weights (inference layout); the caller should drop its own to hold one copy
@@ -49,8 +48,11 @@ class Engine:
         # a tokenizer without the chat format's tokens serves completions only (ending at the model's EOS)
         self.chat_error: str | None = None
         try:
+            # the tokenizer's own template unless a format is named; the family's format for a tokenizer without one
+            self.chat = chat.format_for(tokenizer, chat_format, models.family_of(cfg).chat_format)
             eot = self.chat.tokenized(tokenizer).eot_id
         except ValueError as e:
+            self.chat = None
             eot, self.chat_error = None, f"chat completions are unavailable for this model: {e}"
             log.warning("%s; /v1/completions still serves", self.chat_error)
         self.stop_tokens = tuple(sorted({t for t in (*eos, eot) if isinstance(t, int) and t >= 0}))

@@ -17,6 +17,10 @@ log = logging.getLogger("sweet_jax.serve")
 class ServeSettings:
     model: str = flag(help="HF checkpoint directory, or a sweet_jax.train run directory", required=True)
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
+    chat_format: str | None = flag(None, help="how /v1/chat/completions writes the conversation: 'template' (the "
+                                              "tokenizer's own chat template), 'llama3' or 'chatml' (default: the "
+                                              "tokenizer's template when it has one, as vLLM does, else the model "
+                                              "family's format)")
     served_model_name: str | None = flag(None, help="the id /v1/models reports (default: the directory's name)")
     host: str = flag("127.0.0.1", help="the address to listen on")
     port: int = flag(8000, help="the port to listen on")
@@ -43,7 +47,7 @@ def serve(s: ServeSettings) -> None:
     placement = Placement.build(s.mesh)
     loaded = models.load_model(s.model, compute_dtype(s.dtype), inference_layout=True,
                                shardings=placement.stacked_shardings)
-    engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=loaded.chat_format,
+    engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=s.chat_format,
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
                     stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk,
