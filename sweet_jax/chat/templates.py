@@ -15,6 +15,9 @@ Per-token labels then come from token ids, never from string search over content
   the renders of messages[:1], messages[:2], ...: the last block that starts in message i's part of the text is
   message i, and a block before it in that part (a system message the template adds, such as a default system
   prompt or Llama-3.1's date block) belongs to no message (turn -1), as in the official Llama-3.1 renderer.
+- Where the tokenizer merges the header's trailing whitespace with the content's leading whitespace into one token
+  (ChatML's "\n" before a reply that starts with spaces), that token is content: a token with any content character
+  is content, as in HF's assistant masks.
 """
 
 from __future__ import annotations
@@ -94,11 +97,11 @@ class TemplateChatFormat(ChatFormat):
 
     @classmethod
     def of(cls, tokenizer, name: str = "template") -> "TemplateChatFormat":
-        """The format of `tokenizer.chat_template` (cached on the tokenizer)."""
-        cached = getattr(tokenizer, "_sweet_jax_chat_format", None)
-        if cached is not None:
-            return cached
+        """The format of `tokenizer.chat_template` (cached on the tokenizer, for its template)."""
         template = getattr(tokenizer, "chat_template", None)
+        cached = getattr(tokenizer, "_sweet_jax_chat_format", None)
+        if cached is not None and cached.template == template:
+            return cached
         where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
         if not isinstance(template, str) or not template:
             raise ValueError(f"{where}: the tokenizer has no chat template (a 'template' chat format needs one)")
