@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from sweet_jax.chat import ASSISTANT, ROLE_IDS, get_format
+from sweet_jax.chat import ASSISTANT, ROLE_IDS, ChatFormat, get_format
 from sweet_jax.data.trajectories import Trajectory
 from sweet_jax.files.errors import DataError
 
@@ -43,8 +43,8 @@ class Example:
 
 
 class ExampleBuilder:
-    """Turns trajectories (or prompt + response strings) into `Example`s for one tokenizer, chat format (by name;
-    default the default format) and setting."""
+    """Turns trajectories (or prompt + response strings) into `Example`s for one tokenizer, chat format (a
+    `chat.ChatFormat`, or its name; default the default format) and setting."""
 
     def __init__(self, tokenizer, max_len: int, *, with_info: bool = False, info_key: str = "ground_truth",
                  mask_style: str = "content", score_span: str = "assistant", chat_format: str | None = None):
@@ -53,7 +53,7 @@ class ExampleBuilder:
         if score_span not in SCORE_SPANS:
             raise ValueError(f"score_span must be one of {SCORE_SPANS}, got {score_span!r}")
         self.tokenizer = tokenizer
-        self.chat = get_format(chat_format)
+        self.chat = chat_format if isinstance(chat_format, ChatFormat) else get_format(chat_format)
         self.fmt = self.chat.tokenized(tokenizer)
         self.max_len = max_len
         self.with_info = with_info

@@ -56,7 +56,13 @@ class LoadedModel(NamedTuple):
 
     @property
     def chat_format(self) -> str:
+        """The model family's chat format: what a tokenizer without a chat template of its own gets."""
         return family_of(self.cfg).chat_format
+
+    def chat_format_for(self, tokenizer, name: str | None = None):
+        """The `chat.ChatFormat` the model uses with `tokenizer` (`chat.format_for`): the one named, else the
+        tokenizer's own template, else the family's format."""
+        return chat.format_for(tokenizer, name, self.chat_format)
 
     def tokenizer(self, override: str | None = None):
         """The tokenizer `override`, else the model's own, else its chat format's bundled one."""

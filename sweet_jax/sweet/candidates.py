@@ -172,7 +172,7 @@ def sample(s: SampleSettings) -> dict:
         loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings)
         params, cfg = placement.prepare(loaded.params, loaded.cfg)
     tok = loaded.tokenizer(s.tokenizer)
-    fmt = chat.get_format(loaded.chat_format).tokenized(tok)
+    fmt = loaded.chat_format_for(tok).tokenized(tok)
     sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(fmt.eot_id,))
     with share.part as part:
         todo = share.todo()

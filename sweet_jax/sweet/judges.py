@@ -128,7 +128,7 @@ class Judge:
                 raise DataError("the reference model's vocabulary differs from the critic's")
             self.ref_key = (reference_url or os.path.realpath(reference_model), dtype)
         self.tok = loaded.tokenizer(tokenizer)
-        self.chat = chat.get_format(loaded.chat_format)
+        self.chat = loaded.chat_format_for(self.tok)
         self.header = self.tok.encode(self.chat.assistant_header, add_special_tokens=False)
         self.eot = self.chat.tokenized(self.tok).eot_id
         self.kind, self.no_info, self.use_sum, self.no_header = kind, no_info, use_sum, no_header

@@ -95,7 +95,6 @@ def judge_spec(name: str, model: str, kind: str = "critic", *options: str) -> st
 def evaluate(s: SelectionSettings) -> dict:
     from tqdm.auto import tqdm
 
-    from sweet_jax import chat
     from sweet_jax.colbench.backend_eval import BackendEvaluator
     from sweet_jax.files.atomic import write_json
     from sweet_jax.files.jsonl import read_jsonl, write_jsonl
@@ -122,7 +121,7 @@ def evaluate(s: SelectionSettings) -> dict:
     policy = shared_model(s.policy, s.dtype, placement)
     sim = shared_model(s.simulator, s.dtype, placement)
     tok = policy.tokenizer(s.tokenizer)
-    fmt = chat.get_format(policy.chat_format)
+    fmt = policy.chat_format_for(tok)
     eot = fmt.tokenized(tok).eot_id
     agent_sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,))
     sim_sp = SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,))

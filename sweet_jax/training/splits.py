@@ -56,7 +56,7 @@ def resolve_path(data_cfg, run_dir: str) -> str:
     return path
 
 
-def build(data_cfg, tokenizer, run_dir: str, chat_format: str | None = None) -> tuple[Split, Split, DataStats]:
+def build(data_cfg, tokenizer, run_dir: str, chat_format=None) -> tuple[Split, Split, DataStats]:
     """Train and held-out splits. The held-out split is the first `eval_fraction` of the tasks (trajectory data) or
     records (ranked data), as the official recipe holds out the head of its file."""
     if data_cfg.kind not in KINDS:

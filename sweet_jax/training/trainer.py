@@ -278,7 +278,8 @@ def run(cfg) -> dict:
     model_cfg = model_config(cfg.model, cfg.objective)
     chat_format = models.family_of(model_cfg).chat_format
     tokenizer = load_job_tokenizer(cfg, chat_format)
-    train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=chat_format)
+    fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
+    train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=fmt)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
              "%d train / %d held-out %s", stats.records, stats.skipped_records, stats.skipped_examples,
              stats.truncated, len(train.items), len(held_out.items), "pairs" if train.paired else "examples")
@@ -326,7 +327,7 @@ def run(cfg) -> dict:
              jax.process_count())
     params0 = load_params(cfg.model, model_cfg, layout.params)
 
-    pad_id = chat.get_format(chat_format).tokenized(tokenizer).pad_id
+    pad_id = fmt.tokenized(tokenizer).pad_id
     batcher = Batcher(cfg, pad_id, layout)
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
     train_step = layout.train_step(**loss_kw)
