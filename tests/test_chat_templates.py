@@ -147,3 +147,19 @@ def test_a_tokenizer_without_a_template_gets_the_family_format():
     assert chat.format_for(tok, default="llama3") is chat.get_format("llama3")
     with pytest.raises(ValueError, match="no chat template"):
         chat.format_for(tok, "template")
+
+
+def test_llama31_trajectories_are_re_rendered_in_the_models_own_format(smol):
+    """A prompt in the Llama-3.1 format (the official trajectories) becomes the ChatML of the model's template; the
+    response mask is the reply and its <|im_end|>."""
+    from sweet_jax.chat.llama3 import render_text
+    from sweet_jax.data.examples import ExampleBuilder
+
+    prompt = render_text(COLBENCH_CHAT[:-1], add_generation_prompt=True)
+    builder = ExampleBuilder(smol, 4096, chat_format=chat.format_for(smol), score_span="response")
+    ex = builder.from_text(prompt, "def f(x):\n    return x", "test")
+    want = smol.apply_chat_template([{"role": m["role"], "content": m["content"].strip()} for m in COLBENCH_CHAT[:-1]],
+                                    add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert ex.tokens[:len(want)].tolist() == want
+    assert smol.decode(ex.tokens[ex.response_mask]) == "def f(x):\n    return x<|im_end|>"
+    assert "<|start_header_id|>" not in smol.decode(ex.tokens) and "Cutting Knowledge" not in smol.decode(ex.tokens)

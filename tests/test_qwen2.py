@@ -144,3 +144,31 @@ def test_qwen2_presets_have_the_published_sizes():
     assert round(models.preset("qwen2-7b").num_params() / 1e9, 2) == 7.62
     assert round(models.preset("qwen2-0.5b").num_params() / 1e9, 2) == 0.49
     assert models.preset("qwen2-tiny").replace(num_layers=1).qkv_bias
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["critic_tiny.py", "policy_tiny.py"])
+def test_critic_and_dpo_jobs_train_a_tiny_qwen2_with_its_chatml_tokenizer(tmp_path, config):
+    """The trainer on a Qwen2 with SmolLM2's ChatML tokenizer: the synthetic trajectories (written in the Llama-3.1
+    format) are re-rendered in the tokenizer's template, and the export is a Qwen2ForCausalLM that transformers
+    loads."""
+    import subprocess
+
+    from system import smollm2_dir
+    from test_train import _cmd
+
+    proc = subprocess.run(_cmd(config, tmp_path / "run", "--config.model.preset=qwen2-tiny",
+                               f"--config.tokenizer_path={smollm2_dir()}", "--config.data.synthetic.num_tasks=40"),
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["steps"] > 0 and all(np.isfinite(v) for v in result["held_out"].values())
+    hf = tmp_path / "run" / "hf"
+    assert json.loads((hf / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    cfg = models.load_config(hf)
+    tokens = np.random.RandomState(0).randint(0, 1000, (1, 16))
+    np.testing.assert_allclose(np.asarray(models.forward(models.load_hf_params(hf, cfg), cfg, tokens)),
+                               hf_logits(model, tokens), atol=1e-4)
+    assert transformers.AutoTokenizer.from_pretrained(hf).chat_template  # the ChatML tokenizer went with it

@@ -24,7 +24,7 @@ from sweet_jax.chat.formats import (ASSISTANT, NO_ROLE, ROLE_IDS, ChatFormat, Re
                                     TokenizedFormat, register)
 
 __all__ = ["ASSISTANT", "BOS", "EOT", "END_HEADER", "START_HEADER", "Llama31ChatFormat", "Llama3Format", "LLAMA3",
-           "ROLE_IDS", "bundled_llama3_tokenizer_dir", "parse_text", "render_text"]
+           "ROLE_IDS", "bundled_llama3_tokenizer_dir", "date_preamble", "parse_text", "render_text"]
 
 BOS, START_HEADER, END_HEADER, EOT = "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
 FINETUNE_PAD_ID = 128004  # <|finetune_right_pad_id|> of the Llama-3 vocabulary: never occurs in text
@@ -41,7 +41,7 @@ def bundled_llama3_tokenizer_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer")
 
 
-def _date_preamble(today: str = "26 Jul 2024", knowledge_cutoff: str = "December 2023") -> str:
+def date_preamble(today: str = "26 Jul 2024", knowledge_cutoff: str = "December 2023") -> str:
     return f"Cutting Knowledge Date: {knowledge_cutoff}\nToday Date: {today}\n\n"
 
 
@@ -76,7 +76,7 @@ def _render_blocks(blocks, add_generation_prompt: bool, add_bos: bool) -> str:
 def render_text(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = False, add_bos: bool = True,
                 date_header: bool = True) -> str:
     """The Llama-3.1 chat format as a string, without a tokenizer (same output as `Llama31ChatFormat.render_text`)."""
-    return _render_blocks(_blocks(messages, _date_preamble() if date_header else ""), add_generation_prompt, add_bos)
+    return _render_blocks(_blocks(messages, date_preamble() if date_header else ""), add_generation_prompt, add_bos)
 
 
 def parse_text(text: str) -> list[dict]:
@@ -94,7 +94,7 @@ class Llama31ChatFormat(TokenizedFormat):
                  knowledge_cutoff: str = "December 2023"):
         self.tokenizer = tokenizer
         self.date_header = date_header
-        self.preamble = _date_preamble(today, knowledge_cutoff) if date_header else ""
+        self.preamble = date_preamble(today, knowledge_cutoff) if date_header else ""
         vocab = tokenizer.get_vocab()
         missing = [t for t in (BOS, START_HEADER, END_HEADER, EOT) if t not in vocab]
         if missing:
