@@ -259,18 +259,21 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
 
     The prefix is never copied per row: the N*C*G queries of a KV head meet its P prefix keys in one matrix product.
     Long prefixes are taken in blocks of `block` keys with a running (max, sum) softmax, so the temporaries stay
-    O(N C Nq block)."""
+    O(N C Nq block). Every product's output keeps the order a batched matrix product writes (batch axes, then the
+    queries, then the keys), [K, N, C, G, block] over the prefix: any other order transposes the largest
+    temporaries, the [.., block] scores, at every block."""
     n, c, nq, h = q.shape
     kv = k.shape[2]
     scale = h ** -0.5
     f32, neg = jnp.float32, jnp.finfo(jnp.float32).min
     qg = q.reshape(n, c, kv, nq // kv, h)
-    own = jnp.einsum("ncxgh,nsxh->nxgcs", qg, k, preferred_element_type=f32) * scale
+    own = jnp.einsum("ncxgh,nsxh->nxcgs", qg, k, preferred_element_type=f32) * scale
     mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tri(c, dtype=bool)[None]
-    own = jnp.where(mask[:, None, None], own, neg)
+    own = jnp.where(mask[:, None, :, None], own, neg)
     m = own.max(-1)
     p_own = jnp.exp(own - m[..., None])
-    total, out = p_own.sum(-1), jnp.einsum("nxgcs,nsxh->nxgch", p_own.astype(v.dtype), v, preferred_element_type=f32)
+    total, out = p_own.sum(-1), jnp.einsum("nxcgs,nsxh->nxcgh", p_own.astype(v.dtype), v, preferred_element_type=f32)
+    m, total, out = m.swapaxes(0, 1), total.swapaxes(0, 1), out.swapaxes(0, 1)  # [K, N, C, G(, H)]
 
     p = prefix_v.shape[2]
     size = next((b for b in (block, block // 2, block // 4) if p % b == 0), p) if p > block else p
@@ -278,12 +281,12 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
     def add_block(carry, blk):
         m, total, out = carry
         kb, vb, segb = blk  # [K, H, b], [K, b, H], [b]
-        sc = jnp.einsum("ncxgh,xhp->nxgcp", qg, kb, preferred_element_type=f32) * scale
-        sc = jnp.where(segb[None, None, None, None] > 0, sc, neg)
+        sc = jnp.einsum("ncxgh,xhp->xncgp", qg, kb, preferred_element_type=f32) * scale
+        sc = jnp.where(segb > 0, sc, neg)
         m_new = jnp.maximum(m, sc.max(-1))
         pb = jnp.exp(sc - m_new[..., None])
         rescale = jnp.exp(m - m_new)
-        out = out * rescale[..., None] + jnp.einsum("nxgcp,xph->nxgch", pb.astype(vb.dtype), vb,
+        out = out * rescale[..., None] + jnp.einsum("xncgp,xph->xncgh", pb.astype(vb.dtype), vb,
                                                     preferred_element_type=f32)
         return (m_new, total * rescale + pb.sum(-1), out), None
 
@@ -291,8 +294,8 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
     kb = prefix_k[0].reshape(kv, h, nb, size).transpose(2, 0, 1, 3)  # [nb, K, H, size]
     vb = prefix_v[0].reshape(kv, nb, size, h).swapaxes(0, 1)  # [nb, K, size, H]
     (m, total, out), _ = jax.lax.scan(add_block, (m, total, out), (kb, vb, prefix_segment_ids[0].reshape(nb, size)))
-    out = out / total[..., None]  # [N, K, G, C, H]
-    return out.transpose(0, 3, 1, 2, 4).reshape(n, c, nq, h).astype(q.dtype)
+    out = out / total[..., None]  # [K, N, C, G, H]
+    return out.transpose(1, 2, 0, 3, 4).reshape(n, c, nq, h).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- splash (TPU)

@@ -188,7 +188,12 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
         k_cache = _write_cache(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), index, row, axis=3)
         v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, row)
         span = v_cache.shape[2] if window is None else min(window, v_cache.shape[2])
-        if row is not None:  # one row of a cache of many: read its first `span` slots only
+        # tokens that fill the whole window from slot 0 (a prefix's prefill) attend to themselves only: read from the
+        # fresh keys and values, not transposed back out of the cache's layouts
+        fresh = row is None and isinstance(index, int) and index == 0 and span == x.shape[1]
+        if fresh:
+            a = attention(q, k, v, segment_ids, kv_segment_ids[:, :span], impl=cfg.attention_impl)
+        elif row is not None:  # one row of a cache of many: read its first `span` slots only
             kc = jax.lax.dynamic_slice_in_dim(k_cache, row, 1, axis=0)[..., :span]
             vc = jax.lax.dynamic_slice_in_dim(v_cache, row, 1, axis=0)[:, :, :span]
             kv_segment_ids = kv_segment_ids[:, :span]
@@ -196,8 +201,9 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
             kc, vc, kv_segment_ids = k_cache[..., :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
         else:
             kc, vc = k_cache, v_cache
-        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
-                             impl=cfg.attention_impl)
+        if not fresh:
+            a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
+                                 impl=cfg.attention_impl)
     if kv is None and prefix is None:
         x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
     else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
