@@ -1,5 +1,6 @@
 """Chat formats: the interface (`formats`), its implementations (`llama3`, the official Llama-3.1 renderer;
-`templates`, any model's own Jinja chat template, and ChatML), and tokenizer loading with its fallbacks (`tokenizers`).
+`templates`, any model's own Jinja chat template, and ChatML), Llama-3.1 prompts rewritten in another format
+(`convert`), and tokenizer loading with its fallbacks (`tokenizers`).
 Imports no JAX.
 
     from sweet_jax import chat

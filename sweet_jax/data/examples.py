@@ -4,8 +4,7 @@ The text of an example is what the official pipeline trains on: `[info prefix] +
 where `input` is the chat-templated prompt of the final assistant turn (the whole history) and `output` that turn's
 raw response. It is tokenised in one call; roles, turns and masks then come from the token ids (the chat format's
 `segment`). For a model of another chat format (a ChatML model's own template, say), a prompt written in the
-Llama-3.1 format, as the official trajectories are, is first parsed into its messages and rendered in the model's
-format (the Llama-3.1 date preamble dropped from the system message).
+Llama-3.1 format, as the official trajectories are, is first rewritten in the model's format (`chat.convert`).
 
 Masks:
 - `score_mask`: the tokens whose log-probs form the sequence score. "assistant" = every assistant turn's content and
@@ -22,6 +21,7 @@ import dataclasses
 import numpy as np
 
 from sweet_jax.chat import ASSISTANT, ROLE_IDS, ChatFormat, get_format
+from sweet_jax.chat.convert import in_format
 from sweet_jax.data.trajectories import Trajectory
 from sweet_jax.files.errors import DataError
 
@@ -85,7 +85,7 @@ class ExampleBuilder:
 
     def from_text(self, prompt: str, response: str, source: str, info_prefix: str = "") -> Example:
         """prompt: a templated prompt ending in the assistant generation header; response: the raw reply."""
-        prompt = self._in_this_format(prompt)
+        prompt = in_format(prompt, self.chat)  # an official Llama-3.1 prompt, for a model of another format
         text = info_prefix + prompt + response.rstrip() + self.chat.eot
         ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
         try:
@@ -107,21 +107,6 @@ class ExampleBuilder:
             score[0] = False  # the first token has no prediction
         return Example(tokens=ids, score_mask=score, response_mask=response, turn_ids=seg.assistant_turns,
                        truncated=truncated, source=source)
-
-    def _in_this_format(self, prompt: str) -> str:
-        """The prompt in this builder's chat format: a Llama-3.1 prompt re-rendered from its messages, when this
-        format is not a Llama-3 one (the official renderer, or Meta's template, which segment it as it is)."""
-        from sweet_jax.chat import llama3
-
-        if self.chat.eot == llama3.EOT or llama3.START_HEADER not in prompt:
-            return prompt
-        messages = llama3.parse_text(prompt)
-        preamble = llama3.date_preamble()
-        if messages and messages[0]["role"] == "system" and messages[0]["content"].startswith(preamble):
-            messages[0] = {"role": "system", "content": messages[0]["content"][len(preamble):]}
-            if not messages[0]["content"]:
-                messages = messages[1:]
-        return self.chat.render_text(messages, add_generation_prompt=True)
 
     def _truncate(self, ids, seg, source):
         """Drop whole messages, oldest first, never the system message or the final assistant turn."""
