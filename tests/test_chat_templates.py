@@ -163,3 +163,10 @@ def test_llama31_trajectories_are_re_rendered_in_the_models_own_format(smol):
     assert ex.tokens[:len(want)].tolist() == want
     assert smol.decode(ex.tokens[ex.response_mask]) == "def f(x):\n    return x<|im_end|>"
     assert "<|start_header_id|>" not in smol.decode(ex.tokens) and "Cutting Knowledge" not in smol.decode(ex.tokens)
+
+
+def test_add_bos_false_drops_only_a_bos_the_template_writes(llama, smol):
+    meta = chat.format_for(llama)
+    assert meta.render_text(NO_SYSTEM, add_bos=False) == meta.render_text(NO_SYSTEM)[len("<|begin_of_text|>"):]
+    chatml = chat.format_for(smol)  # its bos_token is <|im_start|>, which its template never writes as a BOS
+    assert chatml.render_text(NO_SYSTEM, add_bos=False) == chatml.render_text(NO_SYSTEM)

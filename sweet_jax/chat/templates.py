@@ -68,7 +68,9 @@ class TemplateChatFormat(ChatFormat):
                  special_tokens: Sequence[str] = (), name: str = "template", source: str = "the chat template"):
         self.name, self.template, self.source = name, template, source
         self.special = {k: v for k, v in (special or {}).items() if isinstance(v, str)}
-        self.bos = self.special.get("bos_token", "")
+        # the BOS that add_bos=False drops: only one the template writes (SmolLM2's "bos_token" is <|im_start|>,
+        # which opens every ChatML turn)
+        self.bos = self.special.get("bos_token", "") if "bos_token" in template else ""
         a, b, c = _PROBES
         probe = [{"role": "user", "content": a}, {"role": "assistant", "content": b}, {"role": "user", "content": c}]
         try:
