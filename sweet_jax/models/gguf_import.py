@@ -80,9 +80,14 @@ def gguf_config(reader, path: str) -> LlamaConfig:
         rope_theta=float(_field(reader, "llama.rope.freq_base", path, 10000.0)),
         max_position_embeddings=int(_field(reader, "llama.context_length", path)),
         tie_word_embeddings="output.weight" not in names,
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id", path, -1)),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id", path, -1)),
-        pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id", path, -1)))
+        bos_token_id=_token_id(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_token_id(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_token_id(reader, "tokenizer.ggml.padding_token_id"))
+
+
+def _token_id(reader, key: str) -> int | None:
+    field = reader.fields.get(key)
+    return None if field is None else int(field.contents())
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -127,13 +132,17 @@ def gguf_params(reader, cfg: LlamaConfig, path: str) -> dict:
                 if f"blk.{i}.{k}" not in seen]
     if missing:
         raise ConfigError(f"{path}: GGUF tensors missing: {', '.join(missing[:5])}")
-    return {**{k: v for k, v in flat.items()}, "layers": {k.split("/", 1)[1]: v for k, v in stacked.items()}}
+    return {**flat, "layers": {k.split("/", 1)[1]: v for k, v in stacked.items()}}
 
 
 def import_gguf(gguf_file: str, output: str) -> dict:
     """Write `output` (an HF directory: config.json, f32 safetensors, tokenizer with chat template); returns
     {"output", "params"}."""
-    import gguf
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError("importing a GGUF file needs the gguf package: pip install gguf==0.19.0 (the dev extra "
+                          "of sweet_jax has it)") from None
     import transformers
 
     from sweet_jax.models.hf_checkpoint import save_hf_params
