@@ -1,0 +1,75 @@
+"""Qwen2-VL's image preprocessing, the same pixels as transformers' `Qwen2VLImageProcessor` (its PIL backend): each
+image is resized with PIL's bicubic filter to `smart_resize`'s size (multiples of patch x merge = 28 pixels, the
+pixel count within [min_pixels, max_pixels], the aspect ratio kept as closely as possible), scaled to [0, 1],
+normalised with CLIP's mean and std, repeated over the 2 frames of a temporal patch, and cut into 14 x 14 patches in
+the order the vision tower's 2 x 2 patch merger reads them. Imports no JAX.
+
+    pixels, grid_thw = preprocess([image_a, image_b])   # [patches, 3 * 2 * 14 * 14] f32, [[1, h, w], ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSettings:
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280  # Qwen2-VL-7B-Instruct's preprocessor_config.json
+    mean: tuple[float, ...] = CLIP_MEAN
+    std: tuple[float, ...] = CLIP_STD
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """The (height, width) an image is resized to: multiples of `factor`, min_pixels <= h * w <= max_pixels."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"image of {width} x {height} pixels: the aspect ratio must be under 200")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def patchify(image: np.ndarray, s: ImageSettings = ImageSettings()) -> tuple[np.ndarray, int, int]:
+    """A normalised [C, H, W] image -> (patches [gh * gw, C * T * P * P], gh, gw), patches in merge-window order:
+    the 2 x 2 patches that the merger joins are consecutive."""
+    c, height, width = image.shape
+    p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
+    gh, gw = height // p, width // p
+    x = image.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # gh', gw', mh, mw, C, ph, pw
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, p, p))  # one image is both frames
+    return x.reshape(gh * gw, c * t * p * p), gh, gw
+
+
+def preprocess(images, s: ImageSettings = ImageSettings()) -> tuple[np.ndarray, np.ndarray]:
+    """PIL images -> (pixel_values [sum of patches, C * T * P * P] float32, image_grid_thw int64 [n, 3])."""
+    from PIL import Image
+
+    patches, grids = [], []
+    mean = np.asarray(s.mean, np.float32)[:, None, None]
+    std = np.asarray(s.std, np.float32)[:, None, None]
+    for image in images:
+        image = image.convert("RGB")
+        h, w = smart_resize(image.height, image.width, s.patch_size * s.merge_size, s.min_pixels, s.max_pixels)
+        resized = np.asarray(image.resize((w, h), Image.Resampling.BICUBIC), np.float32).transpose(2, 0, 1)
+        x, gh, gw = patchify(((resized * np.float32(1 / 255)) - mean) / std, s)
+        patches.append(x)
+        grids.append((1, gh, gw))
+    return np.concatenate(patches).astype(np.float32), np.asarray(grids, np.int64)
