@@ -1,0 +1,217 @@
+"""Qwen2-VL's vision tower as pure functions over a parameter pytree (HF `Qwen2VisionTransformerPretrainedModel`).
+
+Patches (`models.qwen2_vl_images.preprocess`: [N, C * T * P * P], in merge-window order) go through:
+- the patch embedding, a Conv3d whose kernel equals its stride, so one matrix product with the flattened kernel;
+- `depth` pre-norm blocks (LayerNorm, eps 1e-6): attention with a bias on qkv and proj, rotated by a 2-D RoPE (each
+  head's first half by the patch's row, second half by its column, theta 10,000), bidirectional and masked per
+  image frame; then an MLP with QuickGELU;
+- the PatchMerger: LayerNorm, the 2 x 2 neighbouring patches concatenated, then Linear, exact GELU, Linear to the
+  language model's width: [N / 4, hidden_size].
+No window attention (that is Qwen2.5-VL). Parameter layout (leading `L` = stacked blocks, run with `lax.scan`):
+
+    patch          [C*T*P*P, E]        ("patch", "embed")
+    blocks/
+      norm1_w, norm1_b, norm2_w, norm2_b  [L, E]       ("layers", "norm")
+      wqkv [L, E, 3, N, H]  ("layers", "embed", None, "q_heads", "head_dim");  bqkv [L, 3, N, H]
+      wo   [L, N, H, E]     ("layers", "q_heads", "head_dim", "embed");        bo [L, E]
+      fc1_w [L, E, F] ("layers", "embed", "mlp"); fc1_b [L, F]; fc2_w [L, F, E]; fc2_b [L, E]
+    merger/
+      norm_w, norm_b [E]; fc1_w [4E, 4E] ("mlp_in", "mlp"); fc1_b [4E]; fc2_w [4E, D] ("mlp", "embed"); fc2_b [D]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sweet_jax.models.attention import attention
+from sweet_jax.models.config import ConfigError
+
+Params = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """HF `Qwen2VLVisionConfig` (config.json's `vision_config`)."""
+
+    depth: int = 32
+    embed_dim: int = 1280
+    hidden_size: int = 3584  # the language model's width: the merger's output
+    mlp_ratio: float = 4.0
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    rope_theta: float = 10000.0
+    compute_dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict, source: str = "<config>") -> "VisionConfig":
+        def fail(field, msg):
+            raise ConfigError(f"{source}: field 'vision_config.{field}': {msg}")
+
+        if hf.get("hidden_act", "quick_gelu") != "quick_gelu":
+            fail("hidden_act", f"{hf['hidden_act']!r} is not supported (only 'quick_gelu')")
+        rope = hf.get("rope_parameters") or {}
+        if rope.get("rope_type", "axial") != "axial":
+            fail("rope_parameters.rope_type", f"{rope['rope_type']!r} is not supported (only 'axial')")
+        embed = int(hf.get("embed_dim", 1280))
+        if embed % int(hf.get("num_heads", 16)):
+            fail("num_heads", f"does not divide embed_dim={embed}")
+        return cls(depth=int(hf.get("depth", 32)), embed_dim=embed, hidden_size=int(hf.get("hidden_size", 3584)),
+                   mlp_ratio=float(hf.get("mlp_ratio", 4.0)), num_heads=int(hf.get("num_heads", 16)),
+                   in_channels=int(hf.get("in_channels", 3)), patch_size=int(hf.get("patch_size", 14)),
+                   temporal_patch_size=int(hf.get("temporal_patch_size", 2)),
+                   spatial_merge_size=int(hf.get("spatial_merge_size", 2)),
+                   rope_theta=float(rope.get("rope_theta", 10000.0)))
+
+
+def vision_param_shapes(vc: VisionConfig) -> Params:
+    l, e, n, h, f = vc.depth, vc.embed_dim, vc.num_heads, vc.head_dim, vc.mlp_dim
+    m = e * vc.spatial_merge_size ** 2
+    return {
+        "patch": (vc.patch_dim, e),
+        "blocks": {"norm1_w": (l, e), "norm1_b": (l, e), "norm2_w": (l, e), "norm2_b": (l, e),
+                   "wqkv": (l, e, 3, n, h), "bqkv": (l, 3, n, h), "wo": (l, n, h, e), "bo": (l, e),
+                   "fc1_w": (l, e, f), "fc1_b": (l, f), "fc2_w": (l, f, e), "fc2_b": (l, e)},
+        "merger": {"norm_w": (e,), "norm_b": (e,), "fc1_w": (m, m), "fc1_b": (m,), "fc2_w": (m, vc.hidden_size),
+                   "fc2_b": (vc.hidden_size,)},
+    }
+
+
+def vision_param_logical_axes(vc: VisionConfig) -> Params:
+    """Logical axis names (`parallel.sharding`): heads and MLP over the tensor axis, as in the language model."""
+    norm = ("layers", "norm")
+    return {
+        "patch": (None, "embed"),
+        "blocks": {"norm1_w": norm, "norm1_b": norm, "norm2_w": norm, "norm2_b": norm,
+                   "wqkv": ("layers", "embed", None, "q_heads", "head_dim"), "bqkv": ("layers", None, "q_heads",
+                                                                                      "head_dim"),
+                   "wo": ("layers", "q_heads", "head_dim", "embed"), "bo": norm,
+                   "fc1_w": ("layers", "embed", "mlp"), "fc1_b": ("layers", "mlp"), "fc2_w": ("layers", "mlp", "embed"),
+                   "fc2_b": norm},
+        "merger": {"norm_w": ("norm",), "norm_b": ("norm",), "fc1_w": (None, "mlp"), "fc1_b": ("mlp",),
+                   "fc2_w": ("mlp", "embed"), "fc2_b": ("norm",)},
+    }
+
+
+def vision_hf_layout(vc: VisionConfig, prefix: str = "model.visual.") -> dict[str, tuple[str, Callable, Callable]]:
+    """Our leaf path -> (HF name template, to ours, to HF), as `llama.hf_weight_layout`."""
+    e, n, h = vc.embed_dim, vc.num_heads, vc.head_dim
+    b = prefix + "blocks.{i}."
+    same = (lambda w: w, lambda w: w)
+    t = (lambda w: w.T, lambda w: w.T)
+    return {
+        "patch": (prefix + "patch_embed.proj.weight", lambda w: w.reshape(w.shape[0], -1).T,
+                  lambda w, s=(vc.in_channels, vc.temporal_patch_size, vc.patch_size, vc.patch_size):
+                  w.T.reshape(w.shape[1], *s)),
+        "blocks/norm1_w": (b + "norm1.weight", *same), "blocks/norm1_b": (b + "norm1.bias", *same),
+        "blocks/norm2_w": (b + "norm2.weight", *same), "blocks/norm2_b": (b + "norm2.bias", *same),
+        "blocks/wqkv": (b + "attn.qkv.weight", lambda w: w.T.reshape(e, 3, n, h), lambda w: w.reshape(e, -1).T),
+        "blocks/bqkv": (b + "attn.qkv.bias", lambda w: w.reshape(3, n, h), lambda w: w.reshape(-1)),
+        "blocks/wo": (b + "attn.proj.weight", lambda w: w.T.reshape(n, h, e), lambda w: w.reshape(n * h, e).T),
+        "blocks/bo": (b + "attn.proj.bias", *same),
+        "blocks/fc1_w": (b + "mlp.fc1.weight", *t), "blocks/fc1_b": (b + "mlp.fc1.bias", *same),
+        "blocks/fc2_w": (b + "mlp.fc2.weight", *t), "blocks/fc2_b": (b + "mlp.fc2.bias", *same),
+        "merger/norm_w": (prefix + "merger.ln_q.weight", *same), "merger/norm_b": (prefix + "merger.ln_q.bias", *same),
+        "merger/fc1_w": (prefix + "merger.mlp.0.weight", *t), "merger/fc1_b": (prefix + "merger.mlp.0.bias", *same),
+        "merger/fc2_w": (prefix + "merger.mlp.2.weight", *t), "merger/fc2_b": (prefix + "merger.mlp.2.bias", *same),
+    }
+
+
+def vision_inputs(grid_thw, merge: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side inputs of `vision_forward` for images of `grid_thw` [[t, h, w], ...] (in patches): each patch's
+    (row, column) [N, 2] in merge-window order, and its attention segment [N] (one per frame of each image, from 1)."""
+    positions, segments, seg = [], [], 0
+    for t, h, w in np.asarray(grid_thw).tolist():
+        rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        order = (h // merge, merge, w // merge, merge)
+        pos = np.stack([rows.reshape(order).transpose(0, 2, 1, 3).ravel(),
+                        cols.reshape(order).transpose(0, 2, 1, 3).ravel()], -1)
+        for _ in range(t):
+            seg += 1
+            positions.append(pos)
+            segments.append(np.full(h * w, seg, np.int32))
+    return np.concatenate(positions).astype(np.int32), np.concatenate(segments)
+
+
+def _layer_norm(x, w, b, eps=1e-6):
+    xf = x.astype(jnp.float32)
+    mu = xf.mean(-1, keepdims=True)
+    var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+    return ((xf - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
+
+
+def _rope_2d(vc: VisionConfig, positions):
+    """cos, sin [N, H]: the first half of each head rotates by the row, the second by the column."""
+    quarter = vc.head_dim // 4
+    inv = 1.0 / (vc.rope_theta ** (jnp.arange(0, 2 * quarter, 2, dtype=jnp.float32) / (2 * quarter)))
+    freqs = positions[:, :, None].astype(jnp.float32) * inv  # [N, 2, H/4]
+    half = freqs.reshape(freqs.shape[0], -1)  # [N, H/2]: rows' then columns' frequencies
+    angles = jnp.concatenate([half, half], -1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate(x, cos, sin):
+    """HF's rotate_half RoPE in f32: x [N, heads, H], cos/sin [N, H]."""
+    xf = x.astype(jnp.float32)
+    h = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., h:], xf[..., :h]], -1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+
+
+def vision_forward(params: Params, vc: VisionConfig, pixels, positions, segment_ids) -> jnp.ndarray:
+    """pixels [N, C*T*P*P] (positions, segment_ids from `vision_inputs`) -> image features [N / merge^2, D]."""
+    dt = jnp.dtype(vc.compute_dtype)
+    x = jnp.einsum("np,pe->ne", pixels.astype(dt), params["patch"].astype(dt))
+    cos, sin = _rope_2d(vc, positions)
+    seg = segment_ids[None]
+
+    def block(x, p):
+        p = jax.tree.map(lambda a: a.astype(dt), p)
+        h = _layer_norm(x, p["norm1_w"], p["norm1_b"])
+        qkv = jnp.einsum("ne,eskh->nskh", h, p["wqkv"]) + p["bqkv"]  # [N, 3, heads, H]
+        q, k, v = _rotate(qkv[:, 0], cos, sin), _rotate(qkv[:, 1], cos, sin), qkv[:, 2]
+        a = attention(q[None], k[None], v[None], seg, seg, impl="reference", causal=False)[0]
+        x = x + jnp.einsum("nkh,khe->ne", a, p["wo"]) + p["bo"]
+        h = _layer_norm(x, p["norm2_w"], p["norm2_b"])
+        u = jnp.einsum("ne,ef->nf", h, p["fc1_w"]) + p["fc1_b"]
+        u = u * jax.nn.sigmoid(1.702 * u)  # QuickGELU
+        return x + jnp.einsum("nf,fe->ne", u, p["fc2_w"]) + p["fc2_b"], None
+
+    x, _ = jax.lax.scan(block, x, params["blocks"])
+    m = jax.tree.map(lambda a: a.astype(dt), params["merger"])
+    x = _layer_norm(x, m["norm_w"], m["norm_b"]).reshape(-1, vc.embed_dim * vc.spatial_merge_size ** 2)
+    x = jax.nn.gelu(jnp.einsum("nm,mk->nk", x, m["fc1_w"]) + m["fc1_b"], approximate=False)
+    return jnp.einsum("nk,kd->nd", x, m["fc2_w"]) + m["fc2_b"]
+
+
+def to_ours(hf_tensors: dict[str, Any], vc: VisionConfig, prefix: str = "model.visual.") -> Params:
+    """Vision params from HF tensors (name -> numpy array)."""
+    out: dict = {"blocks": {}, "merger": {}}
+    for leaf, (template, to_ours_fn, _) in vision_hf_layout(vc, prefix).items():
+        if leaf.startswith("blocks/"):
+            out["blocks"][leaf[7:]] = np.stack([to_ours_fn(np.asarray(hf_tensors[template.format(i=i)]))
+                                                for i in range(vc.depth)])
+        elif leaf.startswith("merger/"):
+            out["merger"][leaf[7:]] = to_ours_fn(np.asarray(hf_tensors[template]))
+        else:
+            out[leaf] = to_ours_fn(np.asarray(hf_tensors[template]))
+    return out
