@@ -215,3 +215,42 @@ def to_ours(hf_tensors: dict[str, Any], vc: VisionConfig, prefix: str = "model.v
         else:
             out[leaf] = to_ours_fn(np.asarray(hf_tensors[template]))
     return out
+
+
+def mrope_positions(tokens, image_token_id: int, grid_thw, merge: int = 2, attention_mask=None):
+    """Qwen2-VL's (temporal, height, width) positions [3, B, T] of a batch of token ids (HF `get_rope_index`): text
+    tokens count up on all three rows; the `<|image_pad|>` run of an image of llm grid (t, h / merge, w / merge)
+    takes start + (t, row, column), and the text after it starts at start + max(h, w) / merge. Padding (mask 0) gets
+    position 0 and is skipped. Also returns each row's delta, max position + 1 - its length, which continues the
+    positions of generated tokens. `grid_thw` lists the images of the whole batch in order."""
+    tokens = np.asarray(tokens)
+    b, t = tokens.shape
+    mask = np.ones((b, t), bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    images = iter(np.asarray(grid_thw).reshape(-1, 3).tolist()) if grid_thw is not None else iter(())
+    out = np.zeros((3, b, t), np.int64)
+    deltas = np.zeros(b, np.int64)
+    for r in range(b):
+        ids = tokens[r][mask[r]]
+        pieces, pos, i = [], 0, 0
+        while i < len(ids):
+            j = i
+            is_image = ids[i] == image_token_id
+            while j < len(ids) and (ids[j] == image_token_id) == is_image:
+                j += 1
+            if not is_image:
+                pieces.append(np.broadcast_to(np.arange(pos, pos + j - i), (3, j - i)))
+                pos += j - i
+            else:
+                gt, gh, gw = next(images)
+                lt, lh, lw = gt, gh // merge, gw // merge
+                if lt * lh * lw != j - i:
+                    raise ValueError(f"row {r}: an image run of {j - i} tokens does not match its grid {gt, gh, gw} "
+                                     f"({lt * lh * lw} tokens after the {merge} x {merge} merge)")
+                tt, hh, ww = np.meshgrid(np.arange(lt), np.arange(lh), np.arange(lw), indexing="ij")
+                pieces.append(np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + pos)
+                pos += max(gh, gw) // merge
+            i = j
+        row = np.concatenate(pieces, axis=1) if pieces else np.zeros((3, 0), np.int64)
+        out[:, r, mask[r]] = row
+        deltas[r] = (row.max() + 1 if row.size else 0) - len(ids)
+    return out, deltas

@@ -1,4 +1,5 @@
-"""Rotary position embeddings in HF's half-split layout (`rotate_half`), with Llama-3 frequency scaling."""
+"""Rotary position embeddings in HF's half-split layout (`rotate_half`), with Llama-3 frequency scaling, and Qwen2-VL's
+multimodal RoPE (M-RoPE: each section of the frequencies turns by the temporal, height or width position in turn)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,17 @@ def inverse_frequencies(cfg: LlamaConfig) -> np.ndarray:
 
 
 def rope_tables(cfg: LlamaConfig, positions: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """cos, sin of shape [B, T, head_dim // 2] in float32 for integer positions [B, T]."""
+    """cos, sin of shape [B, T, head_dim // 2] in float32 for integer positions [B, T], or, for a config with an
+    `mrope_section` (Qwen2-VL), for (temporal, height, width) positions [3, B, T]: frequency j turns by row
+    (its section's index mod 3) of the positions, as HF's `mrope_section` split does."""
     inv = jnp.asarray(inverse_frequencies(cfg))
     angles = positions.astype(jnp.float32)[..., None] * inv
+    sections = getattr(cfg, "mrope_section", None)
+    if positions.ndim == 3:
+        if not sections or sum(sections) != inv.shape[0]:
+            raise ValueError(f"positions [3, B, T] need an mrope_section summing to head_dim // 2, got {sections}")
+        rows = np.repeat(np.arange(len(sections)) % 3, sections)  # the position row of each frequency
+        angles = jnp.moveaxis(angles[rows, :, :, np.arange(inv.shape[0])], 0, -1)
     return jnp.cos(angles), jnp.sin(angles)
 
 
