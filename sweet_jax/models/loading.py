@@ -13,7 +13,7 @@ from typing import NamedTuple
 from sweet_jax import chat
 from sweet_jax.models import llama
 from sweet_jax.models.config import ConfigError
-from sweet_jax.models.families import load_config, family_of, preset
+from sweet_jax.models.families import family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import load_hf_params
 
 log = logging.getLogger("sweet_jax.models")
