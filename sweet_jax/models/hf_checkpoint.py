@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from sweet_jax.files.atomic import atomic_file, write_text
 from sweet_jax.models.config import LlamaConfig
-from sweet_jax.models.families import load_config, family_of
+from sweet_jax.models.families import family_of, load_config
 from sweet_jax.models.llama import Params
 from sweet_jax.parallel.distributed import to_host
 
