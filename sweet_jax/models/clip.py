@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sweet_jax.models.layers import layer_norm, quick_gelu
+
 
 @dataclasses.dataclass(frozen=True)
 class ClipVisionConfig:
@@ -85,12 +87,6 @@ def load_params(path: str, cfg: ClipVisionConfig) -> dict:
     return params
 
 
-def _layer_norm(x, w, b, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * w + b
-
-
 def image_features(params: dict, cfg: ClipVisionConfig, pixels: jnp.ndarray) -> jnp.ndarray:
     """pixels [N, 3, H, W] (CLIP-normalised) -> image embeddings [N, projection_dim] (not normalised)."""
     n = pixels.shape[0]
@@ -99,20 +95,20 @@ def image_features(params: dict, cfg: ClipVisionConfig, pixels: jnp.ndarray) -> 
                                            dimension_numbers=("NCHW", "OIHW", "NCHW"))  # [N, D, g, g]
     x = patches.reshape(n, d, -1).transpose(0, 2, 1)
     x = jnp.concatenate([jnp.broadcast_to(params["cls"], (n, 1, d)), x], axis=1) + params["pos"][None]
-    x = _layer_norm(x, params["pre_w"], params["pre_b"], cfg.layer_norm_eps)
-    act = (lambda z: z * jax.nn.sigmoid(1.702 * z)) if cfg.hidden_act == "quick_gelu" else jax.nn.gelu
+    x = layer_norm(x, params["pre_w"], params["pre_b"], cfg.layer_norm_eps)
+    act = quick_gelu if cfg.hidden_act == "quick_gelu" else jax.nn.gelu
 
     def layer(x, w):
-        y = _layer_norm(x, w["ln1_w"], w["ln1_b"], cfg.layer_norm_eps)
+        y = layer_norm(x, w["ln1_w"], w["ln1_b"], cfg.layer_norm_eps)
         q, k, v = ((y @ w[f"{c}_w"].T + w[f"{c}_b"]).reshape(n, -1, h, d // h) for c in "qkv")
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (d // h) ** -0.5
         a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(n, -1, d)
         x = x + a @ w["o_w"].T + w["o_b"]
-        y = _layer_norm(x, w["ln2_w"], w["ln2_b"], cfg.layer_norm_eps)
+        y = layer_norm(x, w["ln2_w"], w["ln2_b"], cfg.layer_norm_eps)
         return x + act(y @ w["fc1_w"].T + w["fc1_b"]) @ w["fc2_w"].T + w["fc2_b"], None
 
     x, _ = jax.lax.scan(layer, x, params["layers"])
-    pooled = _layer_norm(x[:, 0], params["post_w"], params["post_b"], cfg.layer_norm_eps)
+    pooled = layer_norm(x[:, 0], params["post_w"], params["post_b"], cfg.layer_norm_eps)
     return pooled @ params["proj"].T
 
 

@@ -30,6 +30,8 @@ import numpy as np
 
 from sweet_jax.models.attention import attention
 from sweet_jax.models.config import ConfigError
+from sweet_jax.models.layers import layer_norm, quick_gelu
+from sweet_jax.models.rope import apply_rope
 
 Params = dict
 
@@ -152,29 +154,14 @@ def vision_inputs(grid_thw, merge: int = 2) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(positions).astype(np.int32), np.concatenate(segments)
 
 
-def _layer_norm(x, w, b, eps=1e-6):
-    xf = x.astype(jnp.float32)
-    mu = xf.mean(-1, keepdims=True)
-    var = ((xf - mu) ** 2).mean(-1, keepdims=True)
-    return ((xf - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
-
-
 def _rope_2d(vc: VisionConfig, positions):
-    """cos, sin [N, H]: the first half of each head rotates by the row, the second by the column."""
+    """cos, sin [1, N, H / 2] for `rope.apply_rope`: the first quarter of the frequencies turns by the patch's row,
+    the second by its column."""
     quarter = vc.head_dim // 4
     inv = 1.0 / (vc.rope_theta ** (jnp.arange(0, 2 * quarter, 2, dtype=jnp.float32) / (2 * quarter)))
     freqs = positions[:, :, None].astype(jnp.float32) * inv  # [N, 2, H/4]
-    half = freqs.reshape(freqs.shape[0], -1)  # [N, H/2]: rows' then columns' frequencies
-    angles = jnp.concatenate([half, half], -1)
+    angles = freqs.reshape(1, freqs.shape[0], -1)  # rows' then columns' frequencies
     return jnp.cos(angles), jnp.sin(angles)
-
-
-def _rotate(x, cos, sin):
-    """HF's rotate_half RoPE in f32: x [N, heads, H], cos/sin [N, H]."""
-    xf = x.astype(jnp.float32)
-    h = x.shape[-1] // 2
-    rotated = jnp.concatenate([-xf[..., h:], xf[..., :h]], -1)
-    return (xf * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
 
 
 def vision_forward(params: Params, vc: VisionConfig, pixels, positions, segment_ids) -> jnp.ndarray:
@@ -186,19 +173,19 @@ def vision_forward(params: Params, vc: VisionConfig, pixels, positions, segment_
 
     def block(x, p):
         p = jax.tree.map(lambda a: a.astype(dt), p)
-        h = _layer_norm(x, p["norm1_w"], p["norm1_b"])
+        h = layer_norm(x, p["norm1_w"], p["norm1_b"], 1e-6)
         qkv = jnp.einsum("ne,eskh->nskh", h, p["wqkv"]) + p["bqkv"]  # [N, 3, heads, H]
-        q, k, v = _rotate(qkv[:, 0], cos, sin), _rotate(qkv[:, 1], cos, sin), qkv[:, 2]
-        a = attention(q[None], k[None], v[None], seg, seg, impl="reference", causal=False)[0]
+        q, k, v = apply_rope(qkv[None, :, 0], cos, sin), apply_rope(qkv[None, :, 1], cos, sin), qkv[None, :, 2]
+        a = attention(q, k, v, seg, seg, impl="reference", causal=False)[0]
         x = x + jnp.einsum("nkh,khe->ne", a, p["wo"]) + p["bo"]
-        h = _layer_norm(x, p["norm2_w"], p["norm2_b"])
+        h = layer_norm(x, p["norm2_w"], p["norm2_b"], 1e-6)
         u = jnp.einsum("ne,ef->nf", h, p["fc1_w"]) + p["fc1_b"]
-        u = u * jax.nn.sigmoid(1.702 * u)  # QuickGELU
+        u = quick_gelu(u)
         return x + jnp.einsum("nf,fe->ne", u, p["fc2_w"]) + p["fc2_b"], None
 
     x, _ = jax.lax.scan(block, x, params["blocks"])
     m = jax.tree.map(lambda a: a.astype(dt), params["merger"])
-    x = _layer_norm(x, m["norm_w"], m["norm_b"]).reshape(-1, vc.embed_dim * vc.spatial_merge_size ** 2)
+    x = layer_norm(x, m["norm_w"], m["norm_b"], 1e-6).reshape(-1, vc.embed_dim * vc.spatial_merge_size ** 2)
     x = jax.nn.gelu(jnp.einsum("nm,mk->nk", x, m["fc1_w"]) + m["fc1_b"], approximate=False)
     return jnp.einsum("nk,kd->nd", x, m["fc2_w"]) + m["fc2_b"]
 
