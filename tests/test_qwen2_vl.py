@@ -28,7 +28,7 @@ def tower():
                 p.normal_(0.0, 1.0 / np.sqrt(p.shape[-1] if p.ndim > 1 else 16))
     vc = qwen2_vl.VisionConfig.from_hf_dict(hf_cfg.to_dict())
     state = {f"model.visual.{k}": v.numpy() for k, v in model.state_dict().items()}
-    return model, vc, qwen2_vl.to_ours(state, vc)
+    return model, vc, qwen2_vl.to_ours(state, vc, prefix="model.visual.")
 
 
 def _images(*sizes):

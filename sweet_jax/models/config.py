@@ -1,5 +1,6 @@
-"""The configs of the decoder families: `LlamaConfig` (Llama-3.x) and `Qwen2Config` (Qwen2, Qwen2.5: the same
-decoder with biases on the query, key and value projections), frozen descriptions of a model and how to run it.
+"""The configs of the model families, frozen descriptions of a model and how to run it: `LlamaConfig` (Llama-3.x),
+`Qwen2Config` (Qwen2, Qwen2.5: the same decoder with biases on the query, key and value projections) and
+`Qwen2VLConfig` (Qwen2-VL: that decoder with multimodal RoPE, and its vision tower's `VisionConfig`).
 
 Architecture fields mirror HF `config.json`; the execution fields at the end (dtypes, remat policy, attention
 implementation) are ours and never come from a checkpoint. The dataclasses are frozen and hashable, so a config can be
@@ -295,6 +296,150 @@ class Qwen2Config(LlamaConfig):
         return hf
 
 
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """HF `Qwen2VLVisionConfig` (config.json's `vision_config`)."""
+
+    depth: int = 32
+    embed_dim: int = 1280
+    hidden_size: int = 3584  # the language model's width: the merger's output
+    mlp_ratio: float = 4.0
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    rope_theta: float = 10000.0  # the 2-D RoPE inside the tower (fixed in HF)
+    compute_dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    def num_params(self) -> int:
+        e, f, m = self.embed_dim, self.mlp_dim, self.embed_dim * self.spatial_merge_size ** 2
+        block = 4 * e + 3 * e * e + 3 * e + e * e + e + 2 * e * f + f + e
+        return self.patch_dim * e + self.depth * block + 2 * e + m * m + m + m * self.hidden_size + self.hidden_size
+
+    def to_hf_dict(self) -> dict:
+        return {"depth": self.depth, "embed_dim": self.embed_dim, "hidden_size": self.hidden_size,
+                "mlp_ratio": int(self.mlp_ratio) if float(self.mlp_ratio).is_integer() else self.mlp_ratio, "num_heads": self.num_heads, "in_channels": self.in_channels,
+                "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "spatial_merge_size": self.spatial_merge_size, "hidden_act": "quick_gelu"}
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict, source: str = "<config>") -> "VisionConfig":
+        def fail(field, msg):
+            raise ConfigError(f"{source}: field 'vision_config.{field}': {msg}")
+
+        if hf.get("hidden_act", "quick_gelu") != "quick_gelu":
+            fail("hidden_act", f"{hf['hidden_act']!r} is not supported (only 'quick_gelu')")
+        rope = hf.get("rope_parameters") or {}
+        if rope.get("rope_type", "axial") != "axial":
+            fail("rope_parameters.rope_type", f"{rope['rope_type']!r} is not supported (only 'axial')")
+        embed = int(hf.get("embed_dim", 1280))
+        if embed % int(hf.get("num_heads", 16)):
+            fail("num_heads", f"does not divide embed_dim={embed}")
+        return cls(depth=int(hf.get("depth", 32)), embed_dim=embed, hidden_size=int(hf.get("hidden_size", 3584)),
+                   mlp_ratio=float(hf.get("mlp_ratio", 4.0)), num_heads=int(hf.get("num_heads", 16)),
+                   in_channels=int(hf.get("in_channels", hf.get("in_chans", 3))), patch_size=int(hf.get("patch_size", 14)),
+                   temporal_patch_size=int(hf.get("temporal_patch_size", 2)),
+                   spatial_merge_size=int(hf.get("spatial_merge_size", 2)),
+                   rope_theta=float(rope.get("rope_theta", 10000.0)))
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2VLConfig(Qwen2Config):
+    """Qwen2-VL (HF `Qwen2VLForConditionalGeneration`): the Qwen2 decoder with multimodal RoPE (`mrope_section`:
+    how many of each head's frequencies turn by the temporal, height and width positions), and a vision tower
+    (`vision`) whose image features replace the `<|image_pad|>` tokens' embeddings (`models.qwen2_vl`).
+
+    Reads both config.json layouts: transformers >= 5 nests the decoder under `text_config` with the sections in
+    `rope_parameters`; the published checkpoints keep it at the top level with `rope_scaling: {type: mrope}`."""
+
+    model_type: ClassVar[str] = "qwen2_vl"
+    hf_prefix: ClassVar[str] = "Qwen2VL"
+
+    mrope_section: tuple[int, ...] = (16, 24, 24)
+    vision: VisionConfig = VisionConfig()
+    image_token_id: int = 151655
+    video_token_id: int = 151656
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+    eos_token_id: int | tuple[int, ...] | None = 151645
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "mrope_section", tuple(int(s) for s in self.mrope_section))
+        if sum(self.mrope_section) != self.head_dim // 2:
+            raise ConfigError(f"mrope_section={list(self.mrope_section)} sums to {sum(self.mrope_section)}, not "
+                              f"head_dim // 2 = {self.head_dim // 2}")
+        if self.vision.hidden_size != self.hidden_size:
+            raise ConfigError(f"vision_config.hidden_size={self.vision.hidden_size} is not the decoder's "
+                              f"hidden_size={self.hidden_size}")
+        if self.vision.compute_dtype != self.compute_dtype:  # one compute dtype for the tower and the decoder
+            object.__setattr__(self, "vision", dataclasses.replace(self.vision, compute_dtype=self.compute_dtype))
+
+    def num_params(self) -> int:
+        return super().num_params() + self.vision.num_params()
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict, source: str = "<config>", **overrides: Any):
+        def fail(field: str, msg: str):
+            raise ConfigError(f"{source}: field '{field}': {msg}")
+
+        if hf.get("model_type") != cls.model_type:
+            fail("model_type", f"{hf.get('model_type')!r} is not {cls.__name__}'s {cls.model_type!r}")
+        nested = "text_config" in hf
+        text = {k: v for k, v in hf.items() if k not in ("text_config", "vision_config")}
+        text.update(hf.get("text_config") or {})
+        text["model_type"] = Qwen2Config.model_type
+        rope_field = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+        rope = dict(text.get(rope_field) or {})
+        if "mrope_section" not in rope:
+            fail(f"{'text_config.' if nested else ''}{rope_field}.mrope_section", "missing")
+        section = tuple(int(s) for s in rope.pop("mrope_section"))
+        if rope.get("type") == "mrope":  # the published layout names its RoPE "mrope"; the frequencies are default
+            rope["type"] = "default"
+        text[rope_field] = rope
+        vision = VisionConfig.from_hf_dict(hf.get("vision_config") or {}, source)
+        archs = [a.replace("ForConditionalGeneration", "ForCausalLM") for a in hf.get("architectures") or ()]
+        text["architectures"] = archs or None
+        ids = {k: int(hf[k]) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                       "vision_end_token_id") if hf.get(k) is not None}
+        base = Qwen2Config.from_hf_dict(text, source)
+        kw = {f.name: getattr(base, f.name) for f in dataclasses.fields(Qwen2Config)}
+        kw.update(mrope_section=section, vision=vision, **ids)
+        # HF ties from the outer config, or from text_config as configs saved before transformers 5 say
+        kw["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings") or (hf.get("text_config") or {}).get(
+            "tie_word_embeddings"))
+        kw.update(overrides)
+        try:
+            return cls(**kw)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    def to_hf_dict(self) -> dict:
+        """transformers >= 5's layout: the decoder under `text_config`."""
+        text = super().to_hf_dict()
+        outer = {k: text.pop(k) for k in ("architectures", "torch_dtype", "tie_word_embeddings")}
+        outer.update({k: text.pop(k) for k in ("id2label", "label2id") if k in text})
+        outer["architectures"] = [a.replace("ForCausalLM", "ForConditionalGeneration") for a in outer["architectures"]]
+        text.update(model_type="qwen2_vl_text", rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta,
+                                                                 "mrope_section": list(self.mrope_section)})
+        del text["rope_theta"], text["rope_scaling"]
+        return {**outer, "model_type": self.model_type, "text_config": text, "vision_config": self.vision.to_hf_dict(),
+                "image_token_id": self.image_token_id, "video_token_id": self.video_token_id,
+                "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id}
+
+
 _LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 _LLAMA32_ROPE = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 _LLAMA3_COMMON = dict(
@@ -341,4 +486,19 @@ PRESETS: dict[str, LlamaConfig] = {
     "qwen2-tiny": Qwen2Config(
         vocab_size=151936, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
         max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+    # Published dimensions (Qwen/Qwen2-VL-*-Instruct config.json).
+    "qwen2-vl-2b": Qwen2VLConfig(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, num_kv_heads=2,
+        max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643,
+        vision=VisionConfig(hidden_size=1536)),
+    "qwen2-vl-7b": Qwen2VLConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+        max_position_embeddings=32768, bos_token_id=151643, vision=VisionConfig(hidden_size=3584)),
+    "qwen2-vl-72b": Qwen2VLConfig(
+        vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_layers=80, num_heads=64, num_kv_heads=8,
+        max_position_embeddings=32768, bos_token_id=151643, vision=VisionConfig(hidden_size=8192)),
+    "qwen2-vl-tiny": Qwen2VLConfig(
+        vocab_size=151936, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
+        max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643, mrope_section=(2, 2, 4),
+        vision=VisionConfig(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2.0)),
 }

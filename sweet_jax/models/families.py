@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from sweet_jax.models import llama
-from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, Qwen2Config, read_hf_config
+from sweet_jax.models import llama, qwen2_vl
+from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, read_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,9 @@ class ModelFamily:
     param_logical_axes: Callable[[Any], dict]  # cfg -> pytree of logical axis names (`parallel.sharding`)
     hf_weight_layout: Callable[[Any], dict]  # cfg -> {our leaf path: (HF name, to ours, to HF)}
     chat_format: str  # `sweet_jax.chat.get_format` name
+    # an HF name -> its name in the family's other checkpoint naming, which loading also reads (saving writes the
+    # layout's names)
+    alternate_hf_name: Callable[[str], str] | None = None
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -36,6 +39,10 @@ FAMILIES: dict[str, ModelFamily] = {
     # Qwen2 is the Llama decoder with q/k/v biases (`Qwen2Config.qkv_bias`): the same functions run it.
     "qwen2": ModelFamily("qwen2", Qwen2Config, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
                          chat_format="chatml"),
+    # Qwen2-VL is that decoder with M-RoPE and a vision tower (`models.qwen2_vl`), both run by the same functions
+    # from the config's `mrope_section` and `vision`. Saved in the published naming (`model.layers.*`, `visual.*`).
+    "qwen2_vl": ModelFamily("qwen2_vl", Qwen2VLConfig, llama.param_shapes, llama.param_logical_axes,
+                            llama.hf_weight_layout, chat_format="chatml", alternate_hf_name=qwen2_vl.alternate_hf_name),
 }
 
 

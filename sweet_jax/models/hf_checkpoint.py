@@ -1,8 +1,9 @@
-"""Load and save HF Llama checkpoints (`config.json` + `*.safetensors`, sharded or not).
+"""Load and save the HF checkpoints of every family (`config.json` + `*.safetensors`, sharded or not).
 
 Loading memory-maps each safetensors file and reads one tensor at a time. With `shardings`, every array is built by
 `jax.make_array_from_callback`, so each device reads only its own slice of the mmap: a 70B checkpoint never passes
-through host memory whole. Saving writes HF names and layouts (HF's half-split RoPE, no q/k permutation) so vLLM and
+through host memory whole. A family with two checkpoint namings (`ModelFamily.alternate_hf_name`) loads either.
+Saving writes HF names and layouts (HF's half-split RoPE, no q/k permutation) so vLLM and
 transformers can load the result. All writes are atomic (temp file + rename).
 """
 
@@ -213,7 +214,7 @@ class _TensorIndex:
 
 def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dtype=None,
                    shardings: Params | None = None) -> Params:
-    """Load an HF Llama checkpoint directory into our param pytree.
+    """Load an HF checkpoint directory into our param pytree (the family from `cfg`, else from its config.json).
 
     dtype: target dtype (default float32). shardings: optional pytree of `jax.sharding.Sharding` matching the params;
     each array is then assembled directly on its devices from per-device mmap slices.
@@ -223,16 +224,21 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
         cfg = load_config(hf_dir)
     dtype = np.dtype(jnp.dtype(dtype or jnp.float32))
     index = _TensorIndex(hf_dir)
-    shapes = _flat(family_of(cfg).param_shapes(cfg))
+    fam = family_of(cfg)
+    shapes = _flat(fam.param_shapes(cfg))
     shard_flat = _flat(shardings) if shardings is not None else {}
     out = {}
-    layout = family_of(cfg).hf_weight_layout(cfg)
+    layout = fam.hf_weight_layout(cfg)
+    first = next(iter(layout.values()))[0].format(i=0)
+    rename = (fam.alternate_hf_name if fam.alternate_hf_name and first not in index.where
+              and fam.alternate_hf_name(first) in index.where else lambda name: name)
     for leaf, (template, to_ours, to_hf) in tqdm(layout.items(), total=len(layout), desc=f"load {hf_dir}",
                                                  unit="param", disable=None):
         shape = shapes[leaf]
-        stacked = leaf.startswith("layers/")
+        template = rename(template)
+        stacked = "{i}" in template  # one HF tensor per layer, stacked on our leading axis
         hf_shape = _hf_shape(shape[1:] if stacked else shape, to_hf)
-        names = [template.format(i=i) for i in range(cfg.num_layers)] if stacked else [template]
+        names = [template.format(i=i) for i in range(shape[0])] if stacked else [template]
         if leaf == "score" and template not in index.where:
             # A score head on a causal LM checkpoint: the start of a reward model or value function. It starts at
             # zero, so every sequence first scores 0 and the body gets gradients once the head has moved.
@@ -282,9 +288,9 @@ def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor
             raise CheckpointError(f"params have no '{leaf}' (expected by the config)")
         arr = flat[leaf]
         target = np.dtype(jnp.dtype(dtype or arr.dtype))
-        if leaf.startswith("layers/"):
+        if "{i}" in template:
             hf_shape = _hf_shape(tuple(arr.shape[1:]), to_hf)
-            for i in range(cfg.num_layers):
+            for i in range(arr.shape[0]):
                 out[template.format(i=i)] = LazyTensor(
                     hf_shape, target, lambda a=arr, i=i, t=target, f=to_hf: f(to_host(a[i]).astype(t)))
         else:

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sweet_jax.models import qwen2_vl
 from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
@@ -62,6 +63,8 @@ def param_logical_axes(cfg: LlamaConfig) -> Params:
         axes["score"] = ("embed",)
     elif not cfg.tie_word_embeddings:
         axes["lm_head"] = ("embed", "vocab")
+    if _vision(cfg) is not None:
+        axes["visual"] = qwen2_vl.vision_param_logical_axes(cfg.vision)
     return axes
 
 
@@ -90,7 +93,14 @@ def param_shapes(cfg: LlamaConfig) -> Params:
         shapes["score"] = (d,)
     elif not cfg.tie_word_embeddings:
         shapes["lm_head"] = (d, v)
+    if _vision(cfg) is not None:
+        shapes["visual"] = qwen2_vl.vision_param_shapes(cfg.vision)
     return shapes
+
+
+def _vision(cfg: LlamaConfig):
+    """The vision tower's config (`Qwen2VLConfig.vision`), or None for a text-only model."""
+    return getattr(cfg, "vision", None)
 
 
 def abstract_params(cfg: LlamaConfig, shardings=None) -> Params:
@@ -108,7 +118,7 @@ def _is_shape(x) -> bool:
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, std: float = 0.02) -> Params:
-    """Random params: normal(0, std) matrices, unit norms, in `cfg.param_dtype`."""
+    """Random params: normal(0, std) matrices, unit norms (and zero norm biases), in `cfg.param_dtype`."""
     shapes = param_shapes(cfg)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0]]
@@ -117,7 +127,7 @@ def init_params(cfg: LlamaConfig, key: jax.Array, std: float = 0.02) -> Params:
     out = []
     for path, shape, k in zip(paths, leaves, keys):
         if "norm" in path:
-            out.append(jnp.ones(shape, dtype))
+            out.append((jnp.zeros if path.endswith("_b']") else jnp.ones)(shape, dtype))
         else:
             out.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
     return jax.tree.unflatten(treedef, out)
@@ -232,37 +242,69 @@ def _write_cache(cache, new, index, row=None, axis: int = 2):
     return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x, i, axis=axis - 1))(cache, new, index)
 
 
-def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids, branch_ids=None):
+def _check_inputs(cfg: LlamaConfig, tokens, positions, segment_ids, branch_ids=None, images=None):
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be int [B, T], got shape {tokens.shape}")
     b, t = tokens.shape
+    if images is not None:
+        if _vision(cfg) is None:
+            raise ValueError(f"images given to a model without a vision tower ({type(cfg).__name__})")
+        if positions is None:  # M-RoPE positions from the concrete tokens and image grids
+            try:
+                positions = qwen2_vl.mrope_positions(tokens, cfg.image_token_id, images.grid_thw,
+                                                     cfg.vision.spatial_merge_size, segment_ids)[0]
+            except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+                raise ValueError("under jit, pass the M-RoPE positions of a batch with images "
+                                 "(models.qwen2_vl.mrope_positions)") from None
+            positions = jnp.asarray(positions, jnp.int32)
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)
-    for name, arr in (("positions", positions), ("segment_ids", segment_ids), ("branch_ids", branch_ids)):
+    mrope = getattr(cfg, "mrope_section", None) and positions.ndim == 3
+    if positions.shape != ((3, b, t) if mrope else (b, t)):
+        raise ValueError(f"positions must have the tokens' shape {(b, t)}"
+                         f"{' or be M-RoPE positions ' + str((3, b, t)) if getattr(cfg, 'mrope_section', None) else ''}"
+                         f", got {positions.shape}")
+    for name, arr in (("segment_ids", segment_ids), ("branch_ids", branch_ids)):
         if arr is not None and arr.shape != (b, t):
             raise ValueError(f"{name} must have the tokens' shape {(b, t)}, got {arr.shape}")
     return positions, segment_ids
 
 
+def embed_inputs(params: Params, cfg: LlamaConfig, tokens, images=None) -> jnp.ndarray:
+    """Input embeddings [B, T, D] in `cfg.compute_dtype`: the token embeddings, with the image features of `images`
+    (`qwen2_vl.Images`) in the `<|image_pad|>` positions."""
+    # Gather rows from the table all-gathered over its hidden dimension (as FSDP gathers every weight before use):
+    # a lookup into a hidden-sharded table has no efficient partitioning.
+    table = constrain(params["embed"], ("vocab", "act_embed"))
+    x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
+    if images is not None:
+        x = _with_images(params, cfg, x, tokens, images)
+    return constrain(x, ("batch", "act_seq", "act_embed"))
+
+
+def _with_images(params: Params, cfg: LlamaConfig, x, tokens, images):
+    features = qwen2_vl.image_features(params["visual"], cfg.vision, images)
+    return qwen2_vl.scatter_image_features(x, tokens, features, cfg.image_token_id)
+
+
 def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None,
-                   branch_ids=None) -> jnp.ndarray:
+                   branch_ids=None, images=None) -> jnp.ndarray:
     """Final (post-norm) hidden states [B, T, D] in `cfg.compute_dtype`.
 
     positions: int [B, T] RoPE positions (default 0..T-1). For a left-padded batch pass the per-row positions.
     segment_ids: int [B, T]; tokens attend only within their segment (pads = 0, packed docs = 1, 2, ...).
     branch_ids: int [B, T] (optional) for prefix-shared rows such as [history, chosen, rejected] = 0, 1, 2: a branch
     k > 0 sees the shared tokens (0) and itself, never another branch (`models.attention`).
+    images: a vision-language model's `qwen2_vl.Images`, whose features fill the `<|image_pad|>` positions; its
+    positions are then M-RoPE positions [3, B, T] (`qwen2_vl.mrope_positions`, worked out here when not given and
+    the tokens are concrete). Without images, [B, T] positions are plain RoPE, equal to M-RoPE on equal rows.
     Stacked layers (training) run under `lax.scan`; the inference layout (`unstack_layers`) runs them in turn.
     """
-    positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids, branch_ids)
+    positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids, branch_ids, images)
     dt = jnp.dtype(cfg.compute_dtype)
-    # Gather rows from the table all-gathered over its hidden dimension (as FSDP gathers every weight before use):
-    # a lookup into a hidden-sharded table has no efficient partitioning.
-    table = constrain(params["embed"], ("vocab", "act_embed"))
-    x = jnp.take(table, tokens, axis=0).astype(dt)
-    x = constrain(x, ("batch", "act_seq", "act_embed"))
+    x = embed_inputs(params, cfg, tokens, images)
     cos, sin = rope_tables(cfg, positions)
 
     layer_fn = functools.partial(_decoder_layer, cfg)
@@ -339,7 +381,7 @@ def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Param
 
 
 def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index, *,
-                   window: int | None = None, row=None):
+                   window: int | None = None, row=None, images=None):
     """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
     index .. index + T - 1: the same slots for every row (rows left-padded to line up), or, for one token per row,
     slot index[b] for row b (a slot-based cache whose rows have their own lengths). Attention reads the first
@@ -348,7 +390,9 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     With `row` (a traced int), the cache holds many rows and the tokens [1, T] go into row `row` at `index`, read
     and written where it lies (a prompt chunk into one decode slot).
     `params` must be in the inference layout (`unstack_layers`): the layers run one after the other, each updating
-    its own cache arrays in place."""
+    its own cache arrays in place. With `images` (a vision-language prompt), positions are its M-RoPE positions
+    [3, B, T]; the tokens after it (generated ones) take plain positions shifted by `qwen2_vl.mrope_positions`'
+    delta, as HF's generation does."""
     if not isinstance(params["layers"], (tuple, list)):
         raise ValueError("forward_cached takes params in the inference layout: pass llama.unstack_layers(params)")
     dt = jnp.dtype(cfg.compute_dtype)
@@ -356,6 +400,8 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
                                    None], index, row)[:, 0, :, 0]
     kv_segment_ids = all_segment_ids if row is None else jax.lax.dynamic_slice_in_dim(all_segment_ids, row, 1, 0)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    if images is not None:
+        x = _with_images(params, cfg, x, tokens, images)
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
     ks, vs = [], []
@@ -391,18 +437,20 @@ def lm_head_weight(params: Params, cfg: LlamaConfig) -> jnp.ndarray:
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
-def token_values(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
+def token_values(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None,
+                 images=None) -> jnp.ndarray:
     """The score head's scalar at every position, float32 [B, T] (HF `LlamaForSequenceClassification` logits before
     its pooling at the last token)."""
     if not cfg.score_head:
         raise ValueError("token_values needs a model with a score head (LlamaConfig.score_head)")
-    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids, images=images)
     return jnp.einsum("btd,d->bt", hidden, params["score"].astype(hidden.dtype), preferred_element_type=jnp.float32)
 
 
-def forward(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None) -> jnp.ndarray:
-    """Full logits [B, T, V] in float32. For training and scoring use `forward_hidden` + chunked log-probs instead."""
-    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids)
+def forward(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None, images=None) -> jnp.ndarray:
+    """Full logits [B, T, V] in float32 (`forward_hidden`'s arguments). For training and scoring use
+    `forward_hidden` + chunked log-probs instead."""
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids, images=images)
     w = lm_head_weight(params, cfg).astype(hidden.dtype)
     return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
 
@@ -436,4 +484,6 @@ def hf_weight_layout(cfg: LlamaConfig) -> dict[str, tuple[str, Callable, Callabl
         rules["score"] = ("score.weight", lambda w: w[0], lambda w: w[None])
     elif not cfg.tie_word_embeddings:
         rules["lm_head"] = ("lm_head.weight", lambda w: w.T, lambda w: w.T)
+    if _vision(cfg) is not None:
+        rules.update({"visual/" + leaf: rule for leaf, rule in qwen2_vl.vision_hf_layout(cfg.vision).items()})
     return rules

@@ -21,68 +21,18 @@ No window attention (that is Qwen2.5-VL). Parameter layout (leading `L` = stacke
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax.models.attention import attention
-from sweet_jax.models.config import ConfigError
+from sweet_jax.models.config import VisionConfig
 from sweet_jax.models.layers import layer_norm, quick_gelu
 from sweet_jax.models.rope import apply_rope
 
 Params = dict
-
-
-@dataclasses.dataclass(frozen=True)
-class VisionConfig:
-    """HF `Qwen2VLVisionConfig` (config.json's `vision_config`)."""
-
-    depth: int = 32
-    embed_dim: int = 1280
-    hidden_size: int = 3584  # the language model's width: the merger's output
-    mlp_ratio: float = 4.0
-    num_heads: int = 16
-    in_channels: int = 3
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    spatial_merge_size: int = 2
-    rope_theta: float = 10000.0
-    compute_dtype: str = "float32"
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
-    @property
-    def patch_dim(self) -> int:
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @classmethod
-    def from_hf_dict(cls, hf: dict, source: str = "<config>") -> "VisionConfig":
-        def fail(field, msg):
-            raise ConfigError(f"{source}: field 'vision_config.{field}': {msg}")
-
-        if hf.get("hidden_act", "quick_gelu") != "quick_gelu":
-            fail("hidden_act", f"{hf['hidden_act']!r} is not supported (only 'quick_gelu')")
-        rope = hf.get("rope_parameters") or {}
-        if rope.get("rope_type", "axial") != "axial":
-            fail("rope_parameters.rope_type", f"{rope['rope_type']!r} is not supported (only 'axial')")
-        embed = int(hf.get("embed_dim", 1280))
-        if embed % int(hf.get("num_heads", 16)):
-            fail("num_heads", f"does not divide embed_dim={embed}")
-        return cls(depth=int(hf.get("depth", 32)), embed_dim=embed, hidden_size=int(hf.get("hidden_size", 3584)),
-                   mlp_ratio=float(hf.get("mlp_ratio", 4.0)), num_heads=int(hf.get("num_heads", 16)),
-                   in_channels=int(hf.get("in_channels", 3)), patch_size=int(hf.get("patch_size", 14)),
-                   temporal_patch_size=int(hf.get("temporal_patch_size", 2)),
-                   spatial_merge_size=int(hf.get("spatial_merge_size", 2)),
-                   rope_theta=float(rope.get("rope_theta", 10000.0)))
 
 
 def vision_param_shapes(vc: VisionConfig) -> Params:
@@ -114,7 +64,7 @@ def vision_param_logical_axes(vc: VisionConfig) -> Params:
     }
 
 
-def vision_hf_layout(vc: VisionConfig, prefix: str = "model.visual.") -> dict[str, tuple[str, Callable, Callable]]:
+def vision_hf_layout(vc: VisionConfig, prefix: str = "visual.") -> dict[str, tuple[str, Callable, Callable]]:
     """Our leaf path -> (HF name template, to ours, to HF), as `llama.hf_weight_layout`."""
     e, n, h = vc.embed_dim, vc.num_heads, vc.head_dim
     b = prefix + "blocks.{i}."
@@ -154,6 +104,57 @@ def vision_inputs(grid_thw, merge: int = 2) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(positions).astype(np.int32), np.concatenate(segments)
 
 
+class Images(NamedTuple):
+    """The images of a batch, as the vision tower takes them (`image_batch`): patches in merge-window order, image
+    after image in the order their `<|image_pad|>` runs appear in the batch (row by row)."""
+
+    pixels: Any  # [N, C * T * P * P] float, N a multiple of merge^2 (padding patches at the end)
+    patch_positions: Any  # [N, 2] int32: each patch's (row, column) in its image
+    patch_segments: Any  # [N] int32: one segment per image frame, from 1; 0 on padding patches
+    grid_thw: Any  # [I, 3] host ints: each image's (frames, rows, columns) in patches
+
+
+def image_batch(pixels, grid_thw, merge: int = 2, pad_to: int | None = None) -> Images:
+    """`Images` of preprocessed patches (`qwen2_vl_images.preprocess`) and their grids; `pad_to` patches (a static
+    size for a jitted step, a multiple of merge^2) with padding patches that attend only to each other and whose
+    features follow the real ones, unread."""
+    grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
+    positions, segments = vision_inputs(grid, merge) if len(grid) else (np.zeros((0, 2), np.int32),
+                                                                        np.zeros(0, np.int32))
+    pixels = np.asarray(pixels, np.float32)
+    n = len(pixels)
+    if len(positions) != n:
+        raise ValueError(f"{n} patches, but the grids {grid.tolist()} make {len(positions)}")
+    size = n if pad_to is None else pad_to
+    if size < n or size % merge ** 2:
+        raise ValueError(f"pad_to={pad_to}: must be a multiple of {merge ** 2} and at least the {n} patches")
+    extra = size - n
+    return Images(np.pad(pixels, ((0, extra), (0, 0))), np.pad(positions, ((0, extra), (0, 0))),
+                  np.pad(segments, (0, extra)), grid)
+
+
+def image_features(params: Params, vc: VisionConfig, images: Images) -> jnp.ndarray:
+    """The vision tower on a batch's images: features [N / merge^2, D], one per `<|image_pad|>` token."""
+    return vision_forward(params, vc, images.pixels, images.patch_positions, images.patch_segments)
+
+
+def scatter_image_features(x, tokens, features, image_token_id: int):
+    """Token embeddings x [B, T, D] with the `<|image_pad|>` positions replaced by the image features [M, D], in
+    row-major order (HF's `masked_scatter`). Rows of features past the last image token are not read."""
+    is_image = tokens == image_token_id
+    index = jnp.cumsum(is_image.reshape(-1)).reshape(tokens.shape) - 1
+    picked = jnp.take(features, jnp.clip(index, 0, features.shape[0] - 1), axis=0).astype(x.dtype)
+    return jnp.where(is_image[..., None], picked, x)
+
+
+def check_image_tokens(tokens, image_token_id: int, images: Images, merge: int = 2) -> None:
+    """Host check that the `<|image_pad|>` tokens of a batch and its images agree in number."""
+    want = int(sum(t * (h // merge) * (w // merge) for t, h, w in np.asarray(images.grid_thw).reshape(-1, 3)))
+    have = int((np.asarray(tokens) == image_token_id).sum())
+    if want != have:
+        raise ValueError(f"the batch has {have} <|image_pad|> tokens, but its images make {want} features")
+
+
 def _rope_2d(vc: VisionConfig, positions):
     """cos, sin [1, N, H / 2] for `rope.apply_rope`: the first quarter of the frequencies turns by the patch's row,
     the second by its column."""
@@ -190,7 +191,7 @@ def vision_forward(params: Params, vc: VisionConfig, pixels, positions, segment_
     return jnp.einsum("nk,kd->nd", x, m["fc2_w"]) + m["fc2_b"]
 
 
-def to_ours(hf_tensors: dict[str, Any], vc: VisionConfig, prefix: str = "model.visual.") -> Params:
+def to_ours(hf_tensors: dict[str, Any], vc: VisionConfig, prefix: str = "visual.") -> Params:
     """Vision params from HF tensors (name -> numpy array)."""
     out: dict = {"blocks": {}, "merger": {}}
     for leaf, (template, to_ours_fn, _) in vision_hf_layout(vc, prefix).items():
@@ -241,3 +242,15 @@ def mrope_positions(tokens, image_token_id: int, grid_thw, merge: int = 2, atten
         out[:, r, mask[r]] = row
         deltas[r] = (row.max() + 1 if row.size else 0) - len(ids)
     return out, deltas
+
+
+def alternate_hf_name(name: str) -> str:
+    """A weight's name in the other Qwen2-VL checkpoint naming: the published (and transformers >= 5 saved)
+    `model.layers.*` / `visual.*` <-> the `model.language_model.*` / `model.visual.*` of transformers 4.52-4.57."""
+    for a, b in (("model.language_model.", "model."), ("model.visual.", "visual.")):
+        if name.startswith(a):
+            return b + name[len(a):]
+    for a, b in (("visual.", "model.visual."), ("model.", "model.language_model.")):
+        if name.startswith(a):
+            return b + name[len(a):]
+    return name
