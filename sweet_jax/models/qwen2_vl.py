@@ -1,4 +1,7 @@
-"""Qwen2-VL's vision tower as pure functions over a parameter pytree (HF `Qwen2VisionTransformerPretrainedModel`).
+"""Qwen2-VL's vision side as pure functions over a parameter pytree: the vision tower (HF
+`Qwen2VisionTransformerPretrainedModel`), its features in the decoder's `<|image_pad|>` positions, and the M-RoPE
+positions of a batch with images. The decoder is `models.llama` with the config's `mrope_section`; its params hold
+the tower under `visual`.
 
 Patches (`models.qwen2_vl_images.preprocess`: [N, C * T * P * P], in merge-window order) go through:
 - the patch embedding, a Conv3d whose kernel equals its stride, so one matrix product with the flattened kernel;
@@ -9,14 +12,14 @@ Patches (`models.qwen2_vl_images.preprocess`: [N, C * T * P * P], in merge-windo
   language model's width: [N / 4, hidden_size].
 No window attention (that is Qwen2.5-VL). Parameter layout (leading `L` = stacked blocks, run with `lax.scan`):
 
-    patch          [C*T*P*P, E]        ("patch", "embed")
+    patch          [C*T*P*P, E]        (None, "embed")
     blocks/
       norm1_w, norm1_b, norm2_w, norm2_b  [L, E]       ("layers", "norm")
       wqkv [L, E, 3, N, H]  ("layers", "embed", None, "q_heads", "head_dim");  bqkv [L, 3, N, H]
       wo   [L, N, H, E]     ("layers", "q_heads", "head_dim", "embed");        bo [L, E]
       fc1_w [L, E, F] ("layers", "embed", "mlp"); fc1_b [L, F]; fc2_w [L, F, E]; fc2_b [L, E]
     merger/
-      norm_w, norm_b [E]; fc1_w [4E, 4E] ("mlp_in", "mlp"); fc1_b [4E]; fc2_w [4E, D] ("mlp", "embed"); fc2_b [D]
+      norm_w, norm_b [E]; fc1_w [4E, 4E] (None, "mlp"); fc1_b [4E]; fc2_w [4E, D] ("mlp", "embed"); fc2_b [D]
 """
 
 from __future__ import annotations
