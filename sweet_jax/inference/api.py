@@ -2,8 +2,9 @@
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
 
-- Chat completions accept `messages` (string contents, or lists of text parts), which are rendered in the model's
-  chat format (`Engine.chat`). Supported: n, temperature, top_p, top_k (a vLLM extension), max_tokens /
+- Chat completions accept `messages` (string contents, or lists of text parts and, for a vision-language model,
+  `image_url` parts with base64 data URLs: `inference.images`), which are rendered in the model's chat format
+  (`Engine.chat`). Supported: n, temperature, top_p, top_k (a vLLM extension), max_tokens /
   max_completion_tokens, stop (strings), logprobs, seed and stream (server-sent events sent while the batch
   decodes: new text every `Engine.stream_segment` decode steps, held back only where it could still become a stop
   string).
@@ -29,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sweet_jax.inference.images import ImageError, prompt_images, split_images
 from sweet_jax.inference.sampling import Sample, SamplingParams
 
 
@@ -167,27 +169,32 @@ def create_app(engine) -> FastAPI:
         if engine.chat_error:
             return _error(400, engine.chat_error)
         try:
-            messages = []
-            for i, m in enumerate(body.messages):
-                content = m.get("content")
-                if isinstance(content, list):
-                    if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                        return _error(400, f"messages.{i}.content: only text parts are supported by this model")
-                    content = "".join(p.get("text", "") for p in content)
-                messages.append({"role": m.get("role"), "content": content})
+            messages, pil_images = split_images(body.messages)
+            if pil_images and engine.image_settings is None:
+                return _error(400, f"messages: {engine.model_name} is a text model: it takes no images")
             prompt = engine.chat.render_text(messages, add_generation_prompt=True)
+        except ImageError as e:
+            return _error(400, str(e))
         except ValueError as e:
             return _error(400, f"messages: {e}")
         ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+        images = None
+        if pil_images:
+            try:
+                ids, images = prompt_images(ids, engine.cfg, pil_images, engine.image_settings)
+            except ValueError as e:
+                return _error(400, f"messages: {e}")
         max_tokens = body.max_completion_tokens or body.max_tokens or min(1024, engine.max_model_len - len(ids))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         try:
             if body.stream:
-                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos)
+                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
+                                       images=images)
                 return StreamingResponse(_chat_stream(rid, created, engine.model_name, deltas, body.n,
                                                       [detokenizer(body.stop) for _ in range(body.n)],
                                                       body.logprobs), media_type="text/event-stream")
-            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos)
+            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
+                                            images=images)
         except ValueError as e:
             return _error(400, str(e))
         completion = sum(len(s.tokens) for s in samples)

@@ -36,13 +36,16 @@ log = logging.getLogger("sweet_jax.serve")
 class Engine:
     def __init__(self, params, cfg: models.ModelConfig, tokenizer, *, chat_format: str | None = None,
                  model_name: str = "sweet_jax", max_batch: int = 64, max_model_len: int = 8192,
-                 stream_segment: int = 8, prefill_chunk: int = 256, placement: Placement | None = None):
+                 stream_segment: int = 8, prefill_chunk: int = 256, placement: Placement | None = None,
+                 image_settings=None):
         self.placement = placement or Placement.build()
         self.scheduler = Scheduler(params, cfg, self.placement, slots=max_batch, context=max_model_len,
                                    segment=stream_segment, prefill_chunk=prefill_chunk)
         # the placed weights (inference layout); the caller should drop its own to hold one copy
         self.params, self.cfg, self.tokenizer = self.scheduler.params, self.scheduler.cfg, tokenizer
         self.model_name = model_name
+        # a vision-language model's image preprocessing (`models.qwen2_vl_images.ImageSettings`); None: text only
+        self.image_settings = image_settings if getattr(cfg, "vision", None) is not None else None
         self.max_batch, self.max_model_len, self.stream_segment = max_batch, max_model_len, stream_segment
         eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else (cfg.eos_token_id,)
         # a tokenizer without the chat format's tokens serves completions only (ending at the model's EOS)
@@ -89,17 +92,20 @@ class Engine:
                 log.exception("decode step failed")
 
     # ------------------------------------------------------------------ generation
-    def _sampling(self, sampling: SamplingParams, prompt: list[int], n: int, ignore_eos: bool) -> SamplingParams:
+    def _sampling(self, sampling: SamplingParams, prompt: list[int], n: int, ignore_eos: bool,
+                  images=None) -> SamplingParams:
         sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                   max_tokens=sampling.max_tokens, stop_tokens=() if ignore_eos else self.stop_tokens)
         self.scheduler.check(prompt, sampling, n)
+        if images is not None and self.image_settings is None:
+            raise ValueError(f"{self.model_name} is a text model: it takes no images")
         return sampling
 
     async def generate(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int, *,
-                       ignore_eos: bool = False) -> list[Sample]:
+                       ignore_eos: bool = False, images=None) -> list[Sample]:
         """The n samples, ending at the model's EOS or the chat format's end of turn (or, with `ignore_eos`, at
-        max_tokens only)."""
-        sampling = self._sampling(sampling, prompt, n, ignore_eos)
+        max_tokens only). `images`: the prompt's `inference.images.PromptImages`."""
+        sampling = self._sampling(sampling, prompt, n, ignore_eos, images)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -109,7 +115,7 @@ class Engine:
                     future.set_exception(error) if error is not None else future.set_result(results)
             loop.call_soon_threadsafe(settle)
 
-        job = Job(list(prompt), sampling, n, seed, on_done=done)
+        job = Job(list(prompt), sampling, n, seed, on_done=done, images=images)
         self.scheduler.submit(job)
         try:
             return await asyncio.shield(future)
@@ -118,18 +124,18 @@ class Engine:
             raise
 
     def stream(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int, *,
-               ignore_eos: bool = False) -> AsyncIterator[list[Sample]]:
+               ignore_eos: bool = False, images=None) -> AsyncIterator[list[Sample]]:
         """The n samples' new tokens as they are decoded: lists of n deltas. A request that cannot be served raises
         ValueError here, before anything is queued. Closing the iterator early (a client that went away) frees the
         request's slots."""
-        sampling = self._sampling(sampling, prompt, n, ignore_eos)
+        sampling = self._sampling(sampling, prompt, n, ignore_eos, images)
 
         async def deltas():
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
             put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
             job = Job(list(prompt), sampling, n, seed, on_delta=put,
-                      on_done=lambda _, error: put(error or StopAsyncIteration()))
+                      on_done=lambda _, error: put(error or StopAsyncIteration()), images=images)
             self.scheduler.submit(job)
             try:
                 while not isinstance(item := await queue.get(), BaseException):

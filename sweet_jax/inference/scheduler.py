@@ -32,6 +32,7 @@ import collections
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -55,6 +56,7 @@ class Job:
     on_delta: Callable[[list[Sample]], None] | None = None
     on_done: Callable[[list[Sample] | None, BaseException | None], None] | None = None
     first_sample: int = 0  # samples are numbered from here (one request split into several jobs)
+    images: Any = None  # the prompt's images (`inference.images.PromptImages`), for a vision-language model
     cancelled: bool = False
     results: list[Sample] = dataclasses.field(default_factory=list)
     slots: list[int] = dataclasses.field(default_factory=list)
@@ -188,8 +190,9 @@ class Scheduler:
                 if not self.waiting or len(self.free) < self.waiting[0].n or (admitted and budget <= 0):
                     return admitted
                 job = self.waiting.popleft()
-            hashes = self._hashes(job.prompt)
-            reuse = self._reuse(hashes, (len(job.prompt) - 1) // c)
+            # a prompt with images is not named by its tokens alone: it neither reuses nor offers cached chunks
+            hashes = self._hashes(job.prompt) if job.images is None else []
+            reuse = self._reuse(hashes, (len(job.prompt) - 1) // c) if hashes else None
             if reuse is not None and reuse[0] in self.free:
                 self.free.remove(reuse[0])
                 job.slots = [reuse[0]] + [self.free.popleft() for _ in range(job.n - 1)]
@@ -199,7 +202,7 @@ class Scheduler:
             try:
                 self.state = self.programs.admit(self.params, self.state, job.prompt, job.slots, job.seed,
                                                  job.sampling, job.first_sample,
-                                                 reuse=(reuse[0], reused) if reuse else None)
+                                                 reuse=(reuse[0], reused) if reuse else None, images=job.images)
             except BaseException as e:
                 self.free.extend(job.slots)
                 self._fail_all(e, also=job)

@@ -33,6 +33,8 @@ class ServeSettings:
                                        "their next chunk)")
     prefill_chunk: int = flag(256, help="prompts are prefilled in chunks of this many tokens; whole chunks of earlier "
                                         "prompts are reused (prefix caching)")
+    max_image_pixels: int | None = flag(None, help="a vision-language model's images are resized to at most this "
+                                                   "many pixels (default: its preprocessor_config.json's max_pixels)")
 
 
 def serve(s: ServeSettings) -> None:
@@ -43,6 +45,7 @@ def serve(s: ServeSettings) -> None:
     from sweet_jax.inference.api import create_app
     from sweet_jax.inference.engine import Engine
     from sweet_jax.inference.placement import Placement, compute_dtype
+    from sweet_jax.models.qwen2_vl_images import ImageSettings
 
     placement = Placement.build(s.mesh)
     loaded = models.load_model(s.model, compute_dtype(s.dtype), inference_layout=True,
@@ -51,7 +54,7 @@ def serve(s: ServeSettings) -> None:
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
                     stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk,
-                    placement=placement)
+                    placement=placement, image_settings=ImageSettings.of_model(s.model, max_pixels=s.max_image_pixels))
     del loaded  # the engine holds the params
     log.info("serving %s on http://%s:%d/v1 (%s, %d slots x %d tokens)", s.model, s.host, s.port,
              placement.describe(), engine.max_batch, engine.max_model_len)

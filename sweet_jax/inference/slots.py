@@ -13,14 +13,17 @@ jitted programs that fill, run and free them (`SlotPrograms`). `inference.schedu
 - `admit` prefills one prompt in `chunk`-token chunks straight into one slot's row (a chunk's program depends on
   its position alone) and copies the row into the slots of its other samples: the samples share one prefill. With
   `reuse`, whole chunks another slot's row already holds for the same tokens are taken over or copied, and only
-  the rest is prefilled, with the same results (prefix caching, driven by `inference.scheduler`). Sample j draws from fold_in(key(seed), j) and its step
-  i from fold_in(that, i), so a sample's tokens depend on its prompt, settings and seed only: not on the slot it lands
-  in, nor on what else is decoding.
+  the rest is prefilled, with the same results (prefix caching, driven by `inference.scheduler`). Sample j draws
+  from fold_in(key(seed), j) and its step i from fold_in(that, i), so a sample's tokens depend on its prompt,
+  settings and seed only: not on the slot it lands in, nor on what else is decoding.
 - `decode` runs `steps` decode steps for every slot (idle slots compute on a dummy token and write nothing that is
   read). Attention reads the first `window` cache positions only (a static bound on the active lengths, chosen by the
   scheduler), so a short batch does not pay for the whole context.
 - Every program is jitted with explicit shardings for its inputs and outputs (weights by the rules table, the state's
   rows over `data` and its KV heads over `tensor`), and the state is donated: the cache is updated in place.
+- A prompt with images (a vision-language model's, `inference.images.PromptImages`) is prefilled in one program,
+  the vision tower included, at its M-RoPE positions; its generated tokens then take their cache positions plus the
+  prompt's M-RoPE shift (the slot's `shift`; 0 for text), as HF's generation does.
 - A slot ends at its first stop token (kept in its tokens, as vLLM does with EOS), after its max_tokens, or when its
   row of the cache is full.
 """
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import models
+from sweet_jax.models import qwen2_vl
 from sweet_jax.inference.placement import Placement
 from sweet_jax.inference.sampling import MAX_STOP_TOKENS, SamplingParams, sample_logits
 
@@ -47,7 +51,8 @@ def lm_logits(params, cfg, hidden):
 def _state_names(cfg) -> dict:
     row, rows2 = ("batch",), ("batch", None)
     return {"cache": models.cache_logical_axes(cfg), "length": row, "logits": rows2, "key": rows2, "count": row,
-            "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row}
+            "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row,
+            "shift": row}
 
 
 class SlotPrograms:
@@ -71,6 +76,7 @@ class SlotPrograms:
         self._prefill: dict = {}
         self._copy: dict = {}
         self._start: dict = {}
+        self._image_prefill: dict = {}
         self._decode: dict = {}
         self._release = jax.jit(self._release_fn, donate_argnums=0,
                                 in_shardings=(self.state_shardings, self._replicated),
@@ -84,7 +90,8 @@ class SlotPrograms:
                 "logits": jnp.zeros((b, cfg.vocab_size), f32), "key": jnp.zeros((b, 2), jnp.uint32),
                 "count": jnp.zeros(b, i32), "limit": jnp.zeros(b, i32), "temperature": jnp.zeros(b, f32),
                 "top_p": jnp.ones(b, f32), "top_k": jnp.zeros(b, i32),
-                "stop": jnp.full((b, MAX_STOP_TOKENS), -1, i32), "active": jnp.zeros(b, bool)}
+                "stop": jnp.full((b, MAX_STOP_TOKENS), -1, i32), "active": jnp.zeros(b, bool),
+                "shift": jnp.zeros(b, i32)}
 
     def new_state(self) -> dict:
         """Every slot free, on the mesh."""
@@ -108,14 +115,16 @@ class SlotPrograms:
         return min(self.positions, self.chunk << max(0, (chunks - 1).bit_length()))
 
     def admit(self, params, state: dict, prompt: list[int], slots: list[int], seed: int,
-              sampling: SamplingParams, first_sample: int = 0, reuse: tuple[int, int] | None = None) -> dict:
+              sampling: SamplingParams, first_sample: int = 0, reuse: tuple[int, int] | None = None,
+              images=None) -> dict:
         """Prefill `prompt` once into the free `slots` (one per sample), with its settings and seed. The samples are
         numbered from `first_sample` (a request split over several admissions draws as if it were one).
 
         `reuse` = (slot, m): the first m positions of that slot's row (any slot's, a whole number of chunks of an
         earlier prompt equal to this one's first m tokens) are this prompt's; only the rest is prefilled. The
         chunks are computed by one program per chunk position whatever came before, so reusing gives the same
-        cache, logits and samples as prefilling it all."""
+        cache, logits and samples as prefilling it all. `images` (`inference.images.PromptImages`): the prompt's
+        images, prefilled with it in one program (never reused)."""
         if not prompt or len(prompt) >= self.context:
             raise ValueError(f"a prompt of {len(prompt)} tokens does not fit a {self.context}-position cache")
         if len(sampling.stop_tokens) > MAX_STOP_TOKENS:
@@ -124,13 +133,17 @@ class SlotPrograms:
         if m % self.chunk or not 0 <= m < len(prompt):
             raise ValueError(f"a reused prefix is a whole number of {self.chunk}-token chunks shorter than the prompt,"
                              f" got {m} of {len(prompt)}")
+        if images is not None and m:
+            raise ValueError("a prompt with images is prefilled whole: it reuses no cached prefix")
         target = slots[0]
         stop = np.full(MAX_STOP_TOKENS, -1, np.int32)
         stop[:len(sampling.stop_tokens)] = sampling.stop_tokens
         with self.placement.active():
-            if m and src != target:
+            if images is not None:
+                state = self._admit_images(params, state, prompt, target, images)
+            elif m and src != target:
                 state = self.copy_program(self.copy_bucket(m), 1)(state, np.int32(src), np.asarray([target], np.int32))
-            for c0 in range(m, len(prompt), self.chunk):
+            for c0 in range(m, len(prompt), self.chunk) if images is None else ():
                 part = prompt[c0:c0 + self.chunk]
                 tokens = np.zeros(self.part_size(len(part)), np.int32)
                 tokens[:len(part)] = part
@@ -139,7 +152,21 @@ class SlotPrograms:
             fn = self.start_program(self.copy_bucket(len(prompt)), len(slots))
             return fn(state, np.int32(target), np.asarray(slots, np.int32), np.int32(len(prompt)),
                       np.uint32(seed & 0xFFFFFFFF), np.float32(sampling.temperature), np.float32(sampling.top_p),
-                      np.int32(sampling.top_k), np.int32(sampling.max_tokens), stop, np.int32(first_sample))
+                      np.int32(sampling.top_k), np.int32(sampling.max_tokens), stop, np.int32(first_sample),
+                      np.int32(0 if images is None else images.shift))
+
+    def _admit_images(self, params, state, prompt, slot, images) -> dict:
+        size = min(self.positions, max(self.chunk, 1 << (len(prompt) - 1).bit_length()))
+        merge = self.cfg.vision.spatial_merge_size ** 2
+        patches = max(merge, 1 << (len(images.pixels) - 1).bit_length())
+        tokens = np.zeros(size, np.int32)
+        tokens[:len(prompt)] = prompt
+        positions = np.zeros((3, size), np.int32)
+        positions[:, :len(prompt)] = images.positions
+        batch = qwen2_vl.image_batch(images.pixels, images.grid_thw, self.cfg.vision.spatial_merge_size,
+                                     pad_to=patches)._replace(grid_thw=None)
+        return self.image_prefill_program(size, patches)(params, state, tokens, positions, batch,
+                                                         np.int32(len(prompt)), np.int32(slot))
 
     def _jit(self, table: dict, key, fn, n_args: int, params: bool = False):
         program = table.get(key)
@@ -148,6 +175,11 @@ class SlotPrograms:
             program = table[key] = jax.jit(fn, donate_argnums=int(params), out_shardings=self.state_shardings,
                                            in_shardings=head + (self._replicated,) * n_args)
         return program
+
+    def image_prefill_program(self, size: int, patches: int):
+        """A prompt with images into a slot's row, whole: (params, state, tokens [size], M-RoPE positions [3, size],
+        images (`qwen2_vl.Images` of `patches` patches, without grids), prompt length, slot) -> state."""
+        return self._jit(self._image_prefill, (size, patches), self._image_prefill_fn, 5, params=True)
 
     def prefill_program(self, window: int, size: int):
         """One chunk of a prompt into a slot's row: (params, state, tokens [size], start, prompt length, slot) ->
@@ -161,21 +193,26 @@ class SlotPrograms:
         return self._jit(self._copy, (positions, n), functools.partial(self._copy_fn, positions=positions), 2)
 
     def start_program(self, positions: int, n: int):
-        """(state, src, slots [n], length, seed, temperature, top_p, top_k, max_tokens, stop, first_sample) ->
-        state: src (= slots[0]) has the prefilled row; its first `positions` and its logits are copied into the
-        other slots, and the n start sampling."""
-        return self._jit(self._start, (positions, n), functools.partial(self._start_fn, positions=positions), 10)
+        """(state, src, slots [n], length, seed, temperature, top_p, top_k, max_tokens, stop, first_sample, shift)
+        -> state: src (= slots[0]) has the prefilled row; its first `positions` and its logits are copied into the
+        other slots, and the n start sampling, their positions shifted by `shift`."""
+        return self._jit(self._start, (positions, n), functools.partial(self._start_fn, positions=positions), 11)
 
-    def _prefill_fn(self, params, state, tokens, start, length, slot, *, window):
+    def _prefill_fn(self, params, state, tokens, start, length, slot, *, window, mrope=None, images=None):
         cfg, c = self.cfg, tokens.shape[0]
         positions = start + jnp.arange(c, dtype=jnp.int32)
         seg = (positions < length).astype(jnp.int32)[None]
-        hidden, cache = models.forward_cached(params, cfg, tokens[None], positions[None], seg, state["cache"], start,
-                                              window=window, row=slot)
+        rope = positions[None] if mrope is None else mrope[:, None]
+        hidden, cache = models.forward_cached(params, cfg, tokens[None], rope, seg, state["cache"], start,
+                                              window=window, row=slot, images=images)
         last = jnp.clip(length - 1 - start, 0, c - 1)
         logits = lm_logits(params, cfg, jax.lax.dynamic_index_in_dim(hidden[0], last, keepdims=True))
         logits = jax.lax.dynamic_update_index_in_dim(state["logits"], logits, slot, 0)
         return {**state, "cache": cache, "logits": logits}
+
+    def _image_prefill_fn(self, params, state, tokens, positions, images, length, slot):
+        return self._prefill_fn(params, state, tokens, jnp.int32(0), length, slot, window=tokens.shape[0],
+                                mrope=positions, images=images)
 
     def _copy_rows(self, cache, src, dsts, positions):
         def move(full, names):  # the first `positions` cache positions of row src into rows dsts
@@ -190,7 +227,7 @@ class SlotPrograms:
     def _copy_fn(self, state, src, dsts, *, positions):
         return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}
 
-    def _start_fn(self, state, src, slots, length, seed, temperature, top_p, top_k, limit, stop, first, *,
+    def _start_fn(self, state, src, slots, length, seed, temperature, top_p, top_k, limit, stop, first, shift, *,
                   positions):
         n = slots.shape[0]  # slots[0] is src: the prompt was prefilled there
         cache = self._copy_rows(state["cache"], src, slots[1:], positions) if n > 1 else state["cache"]
@@ -203,7 +240,8 @@ class SlotPrograms:
                 "count": fill("count", 0), "limit": fill("limit", limit),
                 "temperature": fill("temperature", temperature),
                 "top_p": fill("top_p", top_p), "top_k": fill("top_k", top_k),
-                "stop": fill("stop", jnp.broadcast_to(stop, (n, stop.shape[0]))), "active": fill("active", True)}
+                "stop": fill("stop", jnp.broadcast_to(stop, (n, stop.shape[0]))), "active": fill("active", True),
+                "shift": fill("shift", shift)}
 
     # ------------------------------------------------------------------ decode
     def decode(self, params, state: dict, steps: int, window: int | None = None):
@@ -234,7 +272,7 @@ class SlotPrograms:
             logits = st["logits"]
             tok = sample_logits(logits, keys, st["temperature"], st["top_p"], st["top_k"]).astype(jnp.int32)
             lp = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
-            hidden, cache = models.forward_cached(params, cfg, tok[:, None], st["length"][:, None],
+            hidden, cache = models.forward_cached(params, cfg, tok[:, None], (st["length"] + st["shift"])[:, None],
                                                   act[:, None].astype(jnp.int32), st["cache"], st["length"],
                                                   window=window)
             count, length = st["count"] + act, st["length"] + act

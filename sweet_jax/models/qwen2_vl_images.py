@@ -28,6 +28,29 @@ class ImageSettings:
     mean: tuple[float, ...] = CLIP_MEAN
     std: tuple[float, ...] = CLIP_STD
 
+    @classmethod
+    def of_model(cls, model_dir, **overrides) -> "ImageSettings":
+        """The settings of a model directory's `preprocessor_config.json` (the defaults without one): min_pixels and
+        max_pixels, or transformers >= 5's size {shortest_edge, longest_edge}, and the patch sizes, mean and std."""
+        import json
+        import os
+
+        path = os.path.join(os.fspath(model_dir), "preprocessor_config.json")
+        hf = {}
+        if os.path.exists(path):
+            with open(path) as fh:
+                hf = json.load(fh)
+        size = hf.get("size") or {}
+        kw = {"min_pixels": hf.get("min_pixels", size.get("shortest_edge")),
+              "max_pixels": hf.get("max_pixels", size.get("longest_edge")),
+              "patch_size": hf.get("patch_size"), "temporal_patch_size": hf.get("temporal_patch_size"),
+              "merge_size": hf.get("merge_size"),
+              "mean": tuple(hf["image_mean"]) if "image_mean" in hf else None,
+              "std": tuple(hf["image_std"]) if "image_std" in hf else None}
+        kw = {k: v for k, v in kw.items() if v is not None}
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
                  max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:

@@ -1,0 +1,94 @@
+"""Images in chat requests, for a vision-language model (Qwen2-VL): OpenAI `image_url` parts with base64 data URLs
+are decoded, their place in the message becomes the chat template's image part, and the prompt's one
+`<|image_pad|>` per image is expanded to the image's number of features, with the prompt's M-RoPE positions.
+
+    messages, pil_images = split_images(body_messages)         # raises ImageError (a 400) on a malformed image
+    ids = tokenizer.encode(chat.render_text(messages, add_generation_prompt=True))
+    ids, images = prompt_images(ids, cfg, pil_images, settings)   # images: PromptImages for the scheduler
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import io
+from typing import Any
+
+import numpy as np
+
+from sweet_jax.models import qwen2_vl
+from sweet_jax.models.qwen2_vl_images import ImageSettings, preprocess
+
+
+class ImageError(ValueError):
+    """A malformed image part: the message says which message and part."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptImages:
+    """A prompt's images as the slot programs take them."""
+
+    pixels: np.ndarray  # [patches, C * T * P * P] float32 (`qwen2_vl_images.preprocess`)
+    grid_thw: np.ndarray  # [images, 3]
+    positions: np.ndarray  # [3, prompt length] M-RoPE positions
+    shift: int  # the generated tokens' M-RoPE position minus their cache position
+
+
+def decode_data_url(url: Any, where: str):
+    """A PIL image from a `data:image/...;base64,...` URL."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise ImageError(f"{where}: only base64 data URLs (data:image/png;base64,...) are accepted; this server "
+                         f"fetches nothing")
+    head, _, data = url.partition(",")
+    if not head.endswith(";base64") or not data:
+        raise ImageError(f"{where}: a data URL must be base64 (data:image/<type>;base64,<data>)")
+    try:
+        raw = base64.b64decode(data, validate=True)
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+        return image.convert("RGB")
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"{where}: invalid base64 data ({e})") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise ImageError(f"{where}: the data is not an image PIL can read ({e})") from None
+
+
+def split_images(messages: list[dict]) -> tuple[list[dict], list]:
+    """OpenAI messages -> (messages for the chat template, the images in order). Text parts stay parts, and
+    `image_url` parts become the template's {"type": "image"}; a message of text parts only is joined into a
+    string, as for a text model."""
+    out, images = [], []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                where = f"messages.{i}.content.{j}"
+                if kind == "text":
+                    parts.append({"type": "text", "text": part.get("text", "")})
+                elif kind == "image_url":
+                    url = part.get("image_url")
+                    images.append(decode_data_url(url.get("url") if isinstance(url, dict) else url, where))
+                    parts.append({"type": "image"})
+                else:
+                    raise ImageError(f"{where}: unsupported part type {kind!r} (expected 'text' or 'image_url')")
+            content = parts if any(p["type"] == "image" for p in parts) else "".join(p["text"] for p in parts)
+        out.append({"role": m.get("role"), "content": content})
+    return out, images
+
+
+def prompt_images(ids: list[int], cfg, images: list, settings: ImageSettings) -> tuple[list[int], PromptImages]:
+    """The prompt with each image's `<|image_pad|>` repeated to its number of features, and its `PromptImages`."""
+    pad = cfg.image_token_id
+    if ids.count(pad) != len(images):
+        raise ImageError(f"the rendered prompt has {ids.count(pad)} image placeholders for {len(images)} images")
+    pixels, grid = preprocess(images, settings)
+    merge = cfg.vision.spatial_merge_size
+    counts = iter(int(t * (h // merge) * (w // merge)) for t, h, w in grid)
+    expanded = [tok for t in ids for tok in ([pad] * next(counts) if t == pad else [t])]
+    positions, shift = qwen2_vl.mrope_positions(np.asarray([expanded]), pad, grid, merge)
+    return expanded, PromptImages(pixels, grid, positions[:, 0].astype(np.int32), int(shift[0]))
