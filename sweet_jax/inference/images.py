@@ -9,20 +9,14 @@ are decoded, their place in the message becomes the chat template's image part, 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import io
-from typing import Any
 
 import numpy as np
 
 from sweet_jax.models import qwen2_vl
-from sweet_jax.models.qwen2_vl_images import ImageSettings, preprocess
+from sweet_jax.models.qwen2_vl_images import ImageError, ImageSettings, open_image, preprocess
 
-
-class ImageError(ValueError):
-    """A malformed image part: the message says which message and part."""
+__all__ = ["ImageError", "PromptImages", "prompt_images", "split_images"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,27 +27,6 @@ class PromptImages:
     grid_thw: np.ndarray  # [images, 3]
     positions: np.ndarray  # [3, prompt length] M-RoPE positions
     shift: int  # the generated tokens' M-RoPE position minus their cache position
-
-
-def decode_data_url(url: Any, where: str):
-    """A PIL image from a `data:image/...;base64,...` URL."""
-    from PIL import Image, UnidentifiedImageError
-
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise ImageError(f"{where}: only base64 data URLs (data:image/png;base64,...) are accepted; this server "
-                         f"fetches nothing")
-    head, _, data = url.partition(",")
-    if not head.endswith(";base64") or not data:
-        raise ImageError(f"{where}: a data URL must be base64 (data:image/<type>;base64,<data>)")
-    try:
-        raw = base64.b64decode(data, validate=True)
-        image = Image.open(io.BytesIO(raw))
-        image.load()
-        return image.convert("RGB")
-    except (binascii.Error, ValueError) as e:
-        raise ImageError(f"{where}: invalid base64 data ({e})") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise ImageError(f"{where}: the data is not an image PIL can read ({e})") from None
 
 
 def split_images(messages: list[dict]) -> tuple[list[dict], list]:
@@ -72,7 +45,7 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
                     parts.append({"type": "text", "text": part.get("text", "")})
                 elif kind == "image_url":
                     url = part.get("image_url")
-                    images.append(decode_data_url(url.get("url") if isinstance(url, dict) else url, where))
+                    images.append(open_image(url.get("url") if isinstance(url, dict) else url, where))
                     parts.append({"type": "image"})
                 else:
                     raise ImageError(f"{where}: unsupported part type {kind!r} (expected 'text' or 'image_url')")
@@ -88,7 +61,6 @@ def prompt_images(ids: list[int], cfg, images: list, settings: ImageSettings) ->
         raise ImageError(f"the rendered prompt has {ids.count(pad)} image placeholders for {len(images)} images")
     pixels, grid = preprocess(images, settings)
     merge = cfg.vision.spatial_merge_size
-    counts = iter(int(t * (h // merge) * (w // merge)) for t, h, w in grid)
-    expanded = [tok for t in ids for tok in ([pad] * next(counts) if t == pad else [t])]
+    expanded = np.repeat(ids, qwen2_vl.expand_image_pads(ids, pad, grid, merge)).tolist()
     positions, shift = qwen2_vl.mrope_positions(np.asarray([expanded]), pad, grid, merge)
     return expanded, PromptImages(pixels, grid, positions[:, 0].astype(np.int32), int(shift[0]))

@@ -109,12 +109,14 @@ def vision_inputs(grid_thw, merge: int = 2) -> tuple[np.ndarray, np.ndarray]:
 
 class Images(NamedTuple):
     """The images of a batch, as the vision tower takes them (`image_batch`): patches in merge-window order, image
-    after image in the order their `<|image_pad|>` runs appear in the batch (row by row)."""
+    after image in the order their `<|image_pad|>` runs appear in the batch (row by row). With a leading row
+    dimension [B, N, ...] instead, row b's patches are its own images' (a training batch, split over devices with
+    its rows), and its features fill its own `<|image_pad|>` positions."""
 
     pixels: Any  # [N, C * T * P * P] float, N a multiple of merge^2 (padding patches at the end)
     patch_positions: Any  # [N, 2] int32: each patch's (row, column) in its image
     patch_segments: Any  # [N] int32: one segment per image frame, from 1; 0 on padding patches
-    grid_thw: Any  # [I, 3] host ints: each image's (frames, rows, columns) in patches
+    grid_thw: Any = None  # [I, 3] host ints: each image's (frames, rows, columns) in patches
 
 
 def image_batch(pixels, grid_thw, merge: int = 2, pad_to: int | None = None) -> Images:
@@ -137,17 +139,40 @@ def image_batch(pixels, grid_thw, merge: int = 2, pad_to: int | None = None) -> 
 
 
 def image_features(params: Params, vc: VisionConfig, images: Images) -> jnp.ndarray:
-    """The vision tower on a batch's images: features [N / merge^2, D], one per `<|image_pad|>` token."""
+    """The vision tower on a batch's images: features [N / merge^2, D], one per `<|image_pad|>` token (per-row
+    images: [B, N / merge^2, D])."""
+    if jnp.ndim(images.pixels) == 3:
+        return jax.vmap(lambda x, pos, seg: vision_forward(params, vc, x, pos, seg))(
+            images.pixels, images.patch_positions, images.patch_segments)
     return vision_forward(params, vc, images.pixels, images.patch_positions, images.patch_segments)
 
 
 def scatter_image_features(x, tokens, features, image_token_id: int):
     """Token embeddings x [B, T, D] with the `<|image_pad|>` positions replaced by the image features [M, D], in
-    row-major order (HF's `masked_scatter`). Rows of features past the last image token are not read."""
+    row-major order (HF's `masked_scatter`), or by each row's own features [B, M, D]. Features past the last image
+    token are not read."""
     is_image = tokens == image_token_id
-    index = jnp.cumsum(is_image.reshape(-1)).reshape(tokens.shape) - 1
-    picked = jnp.take(features, jnp.clip(index, 0, features.shape[0] - 1), axis=0).astype(x.dtype)
-    return jnp.where(is_image[..., None], picked, x)
+    if features.ndim == 3:
+        index = jnp.cumsum(is_image, axis=1) - 1
+        picked = jnp.take_along_axis(features, jnp.clip(index, 0, features.shape[1] - 1)[..., None], axis=1)
+    else:
+        index = jnp.cumsum(is_image.reshape(-1)).reshape(tokens.shape) - 1
+        picked = jnp.take(features, jnp.clip(index, 0, features.shape[0] - 1), axis=0)
+    return jnp.where(is_image[..., None], picked.astype(x.dtype), x)
+
+
+def expand_image_pads(ids, image_token_id: int, grid_thw, merge: int = 2) -> np.ndarray:
+    """How many times each token of a rendered prompt repeats so that image i's one `<|image_pad|>` becomes its
+    t * (h / merge) * (w / merge) feature tokens: `np.repeat(array, counts)` expands the ids and every per-token
+    mask alike."""
+    ids = np.asarray(ids)
+    grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
+    at = np.flatnonzero(ids == image_token_id)
+    if len(at) != len(grid):
+        raise ValueError(f"{len(at)} image placeholders for {len(grid)} images")
+    counts = np.ones(len(ids), np.int64)
+    counts[at] = grid[:, 0] * (grid[:, 1] // merge) * (grid[:, 2] // merge)
+    return counts
 
 
 def check_image_tokens(tokens, image_token_id: int, images: Images, merge: int = 2) -> None:

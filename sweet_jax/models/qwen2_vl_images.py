@@ -9,8 +9,12 @@ the order the vision tower's 2 x 2 patch merger reads them. Imports no JAX.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import io
 import math
+import os
 
 import numpy as np
 
@@ -50,6 +54,40 @@ class ImageSettings:
         kw = {k: v for k, v in kw.items() if v is not None}
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
+
+
+class ImageError(ValueError):
+    """An image that cannot be read: the message says where it was given."""
+
+
+def open_image(ref, where: str, base_dir: str | None = None):
+    """An RGB PIL image from a `data:image/...;base64,...` URL or, with `base_dir` (a data file's folder), a path
+    relative to it. `where` names the field for the error message."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(ref, str) or not ref:
+        raise ImageError(f"{where}: expected an image URL or path, got {ref!r}")
+    try:
+        if ref.startswith("data:"):
+            head, _, data = ref.partition(",")
+            if not head.endswith(";base64") or not data:
+                raise ImageError(f"{where}: a data URL must be base64 (data:image/<type>;base64,<data>)")
+            try:
+                raw = io.BytesIO(base64.b64decode(data, validate=True))
+            except (binascii.Error, ValueError) as e:
+                raise ImageError(f"{where}: invalid base64 data ({e})") from None
+        elif base_dir is None:
+            raise ImageError(f"{where}: only base64 data URLs (data:image/png;base64,...) are accepted; nothing is "
+                             f"fetched")
+        else:
+            raw = os.path.join(base_dir, ref)
+        image = Image.open(raw)
+        image.load()
+        return image.convert("RGB")
+    except FileNotFoundError:
+        raise ImageError(f"{where}: no image file {os.path.join(base_dir or '', ref)}") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise ImageError(f"{where}: the data is not an image PIL can read ({e})") from None
 
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
