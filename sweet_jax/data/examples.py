@@ -39,6 +39,9 @@ class Example:
     truncated: bool
     source: str
     label: float | None = None  # the value-function target (1.0: the trajectory succeeded)
+    # a vision-language example's images, (pixels [patches, C * T * P * P], grid_thw [images, 3]), whose feature
+    # tokens the `tokens` hold (`training.image_pairs`)
+    images: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

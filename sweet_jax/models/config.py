@@ -410,7 +410,8 @@ class Qwen2VLConfig(Qwen2Config):
             rope["type"] = "default"
         text[rope_field] = rope
         vision = VisionConfig.from_hf_dict(hf.get("vision_config") or {}, source)
-        archs = [a.replace("ForConditionalGeneration", "ForCausalLM") for a in hf.get("architectures") or ()]
+        archs = [a.replace("ForConditionalGeneration", "ForCausalLM").replace(cls.hf_prefix, Qwen2Config.hf_prefix)
+                 for a in hf.get("architectures") or ()]  # a score head: ours, Qwen2VLForSequenceClassification
         text["architectures"] = archs or None
         ids = {k: int(hf[k]) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
                                        "vision_end_token_id") if hf.get(k) is not None}

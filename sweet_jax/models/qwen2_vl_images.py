@@ -37,11 +37,10 @@ class ImageSettings:
         """The settings of a model directory's `preprocessor_config.json` (the defaults without one): min_pixels and
         max_pixels, or transformers >= 5's size {shortest_edge, longest_edge}, and the patch sizes, mean and std."""
         import json
-        import os
 
-        path = os.path.join(os.fspath(model_dir), "preprocessor_config.json")
+        path = os.path.join(os.fspath(model_dir), "preprocessor_config.json") if model_dir else None
         hf = {}
-        if os.path.exists(path):
+        if path and os.path.exists(path):
             with open(path) as fh:
                 hf = json.load(fh)
         size = hf.get("size") or {}

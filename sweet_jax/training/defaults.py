@@ -49,6 +49,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.pack_length = 0
     c.data.pack_min_saving = 0.1
     c.data.seed = 42
+    # image pairs (data.kind "image_pairs"): images are resized to between these many pixels (0: the model's
+    # preprocessor_config.json, else Qwen2-VL's defaults)
+    c.data.image_min_pixels = 0
+    c.data.image_max_pixels = 0
 
     c.loss = ml_collections.ConfigDict()
     c.loss.beta = 0.1
@@ -56,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.nll_span = "score"  # score | response | all
     c.loss.reduction = "trajectory_mean"  # trajectory_mean | turn_mean_sum | sum
     c.loss.reference = "cached"  # cached | recompute
+    # the reward objective's mean of per-token values: over the real tokens ("exclude"), or over the whole padded row
+    # ("include", as the official regression-head critic's mean takes in its left padding)
+    c.loss.reward_padding = "exclude"
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 2e-7

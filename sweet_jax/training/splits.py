@@ -9,6 +9,7 @@ import os
 
 from sweet_jax.colbench import synthetic
 from sweet_jax.data import pairs as pairs_lib
+from sweet_jax.training import image_pairs
 from sweet_jax.data.examples import Example, ExampleBuilder
 from sweet_jax.data.trajectories import ReadStats, read_trajectories
 from sweet_jax.files.errors import DataError
@@ -16,7 +17,7 @@ from sweet_jax.files.jsonl import write_jsonl
 
 log = logging.getLogger(__name__)
 
-KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values")
+KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values", "image_pairs")
 
 
 @dataclasses.dataclass
@@ -56,15 +57,27 @@ def resolve_path(data_cfg, run_dir: str) -> str:
     return path
 
 
-def build(data_cfg, tokenizer, run_dir: str, chat_format=None) -> tuple[Split, Split, DataStats]:
-    """Train and held-out splits. The held-out split is the first `eval_fraction` of the tasks (trajectory data) or
-    records (ranked data), as the official recipe holds out the head of its file."""
+def build(data_cfg, tokenizer, run_dir: str, chat_format=None, model_cfg=None,
+          image_settings=None) -> tuple[Split, Split, DataStats]:
+    """Train and held-out splits. The held-out split is the first `eval_fraction` of the tasks (trajectory data and
+    image pairs) or records (ranked data), as the official recipe holds out the head of its file. Image pairs
+    (`image_pairs`) need the vision-language `model_cfg` and its `image_settings`."""
     if data_cfg.kind not in KINDS:
         raise ValueError(f"data.kind must be one of {KINDS}, got {data_cfg.kind!r}")
-    path = resolve_path(data_cfg, run_dir)
     stats = DataStats()
     builder = ExampleBuilder(tokenizer, data_cfg.max_len, with_info=data_cfg.with_info, info_key=data_cfg.info_key,
                              mask_style=data_cfg.mask_style, score_span=data_cfg.score_span, chat_format=chat_format)
+    if data_cfg.kind == "image_pairs":
+        if not data_cfg.path:
+            raise DataError("data.kind='image_pairs' needs data.path (there is no synthetic image data)")
+        items, tasks = image_pairs.read_image_pairs(data_cfg.path, builder, model_cfg, image_settings,
+                                                     data_cfg.on_error, stats.first_errors)
+        stats.records, stats.skipped_records = len(items) + len(stats.first_errors), len(stats.first_errors)
+        order = list(dict.fromkeys(tasks))
+        held_out = set(order[:math.ceil(data_cfg.eval_fraction * len(order))])
+        return (Split([p for p, t in zip(items, tasks) if t not in held_out], paired=True),
+                Split([p for p, t in zip(items, tasks) if t in held_out], paired=True), stats)
+    path = resolve_path(data_cfg, run_dir)
 
     def guarded(make):
         """make() an example (or a list of them); a DataError propagates, or is counted and skipped with

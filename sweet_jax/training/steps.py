@@ -6,12 +6,15 @@ Objectives (config `objective`):
   rejected trajectories (the information prefix is in the text).
 - "dpo":    DPO on (policy - frozen reference) with an optional NLL term (SWEET actor, multi-turn DPO).
 - "sft":    token-mean NLL over the score mask (rejection fine-tuning).
-- "reward": the regression-head critic ablation: a scalar head on the last hidden state
-            (`ModelConfig.score_head`), the trajectory's reward the mean of its per-token values over all its tokens,
-            pairwise
-            -log sigmoid(r_chosen - r_rejected).
+- "reward": the regression-head critic (the backend ablation; the frontend's vision-language critic): a scalar head
+            on the last hidden state (`ModelConfig.score_head`), the trajectory's reward the mean of its per-token
+            values over its tokens (`loss.reward_padding`="include": over the whole padded row, as the official
+            code's mean takes in its left padding), pairwise -log sigmoid(r_chosen - r_rejected).
 - "value":  the value-function critic ablation: the same head read at the last token as the logit of P(success),
             binary cross-entropy against `label` (each turn prefix labelled with its trajectory's success).
+
+A batch of a vision-language model may hold per-row images (`IMAGE_INPUTS`, `training.image_pairs`); its positions are
+then M-RoPE positions [B, 3, T].
 
 A pair batch holds P chosen examples followed by their P rejected examples; `ref` [2P] carries the cached frozen
 reference scores (critic and dpo only). A packed pair batch (`data.packing`) holds P rows [history, chosen, rejected]:
@@ -31,6 +34,7 @@ import optax
 
 from sweet_jax import models, objectives
 from sweet_jax.models.loading import SCORE_HEAD_OBJECTIVES
+from sweet_jax.models.qwen2_vl import Images
 
 OBJECTIVES = ("critic", "dpo", "sft", "reward", "value")
 PAIRED = ("critic", "dpo", "reward")  # objectives trained on (chosen, rejected) pairs
@@ -38,11 +42,24 @@ WITH_REFERENCE = ("critic", "dpo")  # objectives that score against a frozen ref
 SCORE_HEAD = SCORE_HEAD_OBJECTIVES  # objectives of a model with a scalar score head instead of the LM head
 MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_score", "gather_nll", "gather_turn")
 PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed pair batches only
+IMAGE_INPUTS = ("pixels", "patch_positions", "patch_segments")  # per-row images (`models.qwen2_vl.Images`)
+REWARD_PADDING = ("exclude", "include")
 
 
 def model_inputs(batch: dict) -> dict:
     """The arrays of `batch` that the model and the log-prob gather read (the plain or the packed set)."""
-    return {k: batch[k] for k in MODEL_INPUTS + PACKED_INPUTS if k in batch}
+    return {k: batch[k] for k in MODEL_INPUTS + PACKED_INPUTS + IMAGE_INPUTS if k in batch}
+
+
+def model_positions(batch: dict):
+    """The batch's RoPE positions as the model takes them: [B, T], or M-RoPE [3, B, T] from a batch's [B, 3, T]."""
+    positions = batch["positions"]
+    return jnp.moveaxis(positions, 1, 0) if positions.ndim == 3 else positions
+
+
+def batch_images(batch: dict):
+    """The batch's per-row images (`models.qwen2_vl.Images`), or None."""
+    return Images(*(batch[k] for k in IMAGE_INPUTS)) if "pixels" in batch else None
 
 
 def plain_order(x):
@@ -68,6 +85,8 @@ def sequence_scores(params, model_cfg: models.ModelConfig, batch, reduction: str
 
 def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, loss_cfg, chunk: int, reduce: bool = True):
     """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B])."""
+    if "pixels" in batch and objective not in SCORE_HEAD:
+        raise ValueError(f"batches with images train the reward objective only, not {objective!r}")
     if objective == "sft":
         loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk), batch["gather_score"])
         if "example_mask" in batch:  # rows of several examples: the mean over the examples they hold
@@ -77,11 +96,15 @@ def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, los
             n = jnp.maximum(w.sum(), 1.0)
             return (loss * w).sum() / n, jax.tree.map(lambda v: (v * w).sum() / n, metrics)
     elif objective in SCORE_HEAD:
-        values = models.token_values(params, model_cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
+        values = models.token_values(params, model_cfg, batch["tokens"], model_positions(batch), batch["segment_ids"],
+                                     images=batch_images(batch))
         if objective == "value":
             loss, metrics = objectives.value_loss(objectives.last_value(values, batch["segment_ids"]), batch["label"])
         else:
-            reward = objectives.masked_mean(values, batch["segment_ids"] > 0)
+            padding = loss_cfg.get("reward_padding", "exclude")
+            if padding not in REWARD_PADDING:
+                raise ValueError(f"loss.reward_padding must be one of {REWARD_PADDING}, got {padding!r}")
+            reward = objectives.masked_mean(values, (batch["segment_ids"] > 0) | (padding == "include"))
             p = reward.shape[0] // 2
             loss, metrics = objectives.reward_model_loss(reward[:p], reward[p:])
     else:

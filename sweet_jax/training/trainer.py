@@ -33,7 +33,8 @@ from sweet_jax.data.batching import batch_lengths, collate
 from sweet_jax.data.buckets import default_buckets
 from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json, write_text
 from sweet_jax.parallel import distributed, sharding
-from sweet_jax.training import partitioning, splits
+from sweet_jax.models.qwen2_vl_images import ImageSettings
+from sweet_jax.training import image_pairs, partitioning, splits
 from sweet_jax.training import steps as obj
 from sweet_jax.training.optim import make_optimizer
 
@@ -88,9 +89,10 @@ class Batcher:
     for paired data); callers drop their outputs (`score_pairs`, `evaluate`). Training batches are always full
     (checked in `run`). On a multi-host mesh each process collates only the rows its own devices hold, padded to the
     global batch's lengths, and the global arrays are assembled from those slices. A split marked `packed` gives one
-    prefix-shared row per pair, or (single examples) rows of several whole examples (`data.packing`)."""
+    prefix-shared row per pair, or (single examples) rows of several whole examples (`data.packing`). Rows with
+    images also get their images and M-RoPE positions (`image_pairs.image_arrays`)."""
 
-    def __init__(self, cfg, pad_id: int, layout=None):
+    def __init__(self, cfg, pad_id: int, layout=None, model_cfg=None):
         self.buckets = self.buckets_of(cfg)
         self.pair_buckets = packing.pair_buckets(cfg.data.max_len, cfg.data.min_bucket)
         self.gather_buckets = default_buckets(cfg.data.max_len, 16)
@@ -98,6 +100,7 @@ class Batcher:
         self.nll_span = cfg.loss.nll_span
         self.pack_length = cfg.data.pack_length
         self.layout = layout
+        self.model_cfg = model_cfg  # a vision-language model's config, for batches with images
 
     @staticmethod
     def buckets_of(cfg) -> tuple[int, ...]:
@@ -139,6 +142,9 @@ class Batcher:
                             nll_span=self.nll_span, lengths=lengths)
             for k in batch:
                 batch[k][real] = c[k]
+        if any(e is not None and not isinstance(e, tuple) and e.images is not None for e in rows):
+            batch.update(image_pairs.image_arrays([rows[i] for i in local], batch["tokens"], batch["segment_ids"],
+                                                  self.model_cfg))
         if any(e is not None and not isinstance(e, tuple) and e.label is not None for e in rows):
             batch["label"] = np.zeros(len(local), np.float32)
             batch["label"][real] = [rows[local[j]].label for j in real]
@@ -279,7 +285,10 @@ def run(cfg) -> dict:
     chat_format = models.family_of(model_cfg).chat_format
     tokenizer = load_job_tokenizer(cfg, chat_format)
     fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
-    train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=fmt)
+    image_settings = ImageSettings.of_model(cfg.model.hf_path or "", min_pixels=cfg.data.get("image_min_pixels") or None,
+                                            max_pixels=cfg.data.get("image_max_pixels") or None)
+    train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=fmt, model_cfg=model_cfg,
+                                          image_settings=image_settings)
     log.info("data: %d records read, %d skipped, %d examples skipped, %d truncated (kept the final turn); "
              "%d train / %d held-out %s", stats.records, stats.skipped_records, stats.skipped_examples,
              stats.truncated, len(train.items), len(held_out.items), "pairs" if train.paired else "examples")
@@ -328,7 +337,7 @@ def run(cfg) -> dict:
     params0 = load_params(cfg.model, model_cfg, layout.params)
 
     pad_id = fmt.tokenized(tokenizer).pad_id
-    batcher = Batcher(cfg, pad_id, layout)
+    batcher = Batcher(cfg, pad_id, layout, model_cfg)
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
     train_step = layout.train_step(**loss_kw)
     eval_step = layout.eval_step(**loss_kw)
