@@ -4,7 +4,6 @@ pairwise loss (the "reward" objective). Its reward against a NumPy mean with and
 and a `sweet_jax.train` job on a file of image pairs."""
 
 import base64
-import io
 import json
 import os
 import subprocess

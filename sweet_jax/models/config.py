@@ -330,8 +330,9 @@ class VisionConfig:
         return self.patch_dim * e + self.depth * block + 2 * e + m * m + m + m * self.hidden_size + self.hidden_size
 
     def to_hf_dict(self) -> dict:
+        ratio = int(self.mlp_ratio) if float(self.mlp_ratio).is_integer() else self.mlp_ratio  # HF's is an int
         return {"depth": self.depth, "embed_dim": self.embed_dim, "hidden_size": self.hidden_size,
-                "mlp_ratio": int(self.mlp_ratio) if float(self.mlp_ratio).is_integer() else self.mlp_ratio, "num_heads": self.num_heads, "in_channels": self.in_channels,
+                "mlp_ratio": ratio, "num_heads": self.num_heads, "in_channels": self.in_channels,
                 "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
                 "spatial_merge_size": self.spatial_merge_size, "hidden_act": "quick_gelu"}
 
@@ -350,7 +351,8 @@ class VisionConfig:
             fail("num_heads", f"does not divide embed_dim={embed}")
         return cls(depth=int(hf.get("depth", 32)), embed_dim=embed, hidden_size=int(hf.get("hidden_size", 3584)),
                    mlp_ratio=float(hf.get("mlp_ratio", 4.0)), num_heads=int(hf.get("num_heads", 16)),
-                   in_channels=int(hf.get("in_channels", hf.get("in_chans", 3))), patch_size=int(hf.get("patch_size", 14)),
+                   in_channels=int(hf.get("in_channels", hf.get("in_chans", 3))),
+                   patch_size=int(hf.get("patch_size", 14)),
                    temporal_patch_size=int(hf.get("temporal_patch_size", 2)),
                    spatial_merge_size=int(hf.get("spatial_merge_size", 2)),
                    rope_theta=float(rope.get("rope_theta", 10000.0)))

@@ -285,7 +285,7 @@ def run(cfg) -> dict:
     chat_format = models.family_of(model_cfg).chat_format
     tokenizer = load_job_tokenizer(cfg, chat_format)
     fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
-    image_settings = ImageSettings.of_model(cfg.model.hf_path or "", min_pixels=cfg.data.get("image_min_pixels") or None,
+    image_settings = ImageSettings.of_model(cfg.model.hf_path, min_pixels=cfg.data.get("image_min_pixels") or None,
                                             max_pixels=cfg.data.get("image_max_pixels") or None)
     train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=fmt, model_cfg=model_cfg,
                                           image_settings=image_settings)
