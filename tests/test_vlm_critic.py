@@ -235,3 +235,34 @@ def test_a_malformed_image_pair_names_the_file_line_and_field(vlm_dir, tmp_path)
     proc = _train(vlm_dir, tmp_path / "run", f"--config.data.path={bad}")
     assert proc.returncode != 0
     assert f"{bad}:3: field 'rejected.messages.0.content.0': no image file" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_planned_image_batch_is_the_batch_the_trainer_collates():
+    from sweet_jax.parallel import sharding
+    from sweet_jax.training import aot, splits
+    from sweet_jax.training.partitioning import Layout
+    from sweet_jax.training.trainer import Batcher
+
+    _, rows = image_batch()
+    items = list(zip(rows[:4], rows[4:]))
+    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=64, min_bucket=64, pack_length=0),
+                                         loss=dict(nll_span="score")))
+    real = Batcher(cfg, 0, None, CFG)(splits.Split(items, paired=True), np.arange(4), None)
+    layout = Layout(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]), CFG, None)
+    planned = aot.abstract_batch(layout, 8, 64, "reward", patches=real["pixels"].shape[1])
+    assert sorted(planned) == sorted(real)
+    # (the gathers are the plan's worst case, every token; the reward objective reads none of them)
+    assert {k: (v.shape, np.dtype(v.dtype)) for k, v in planned.items() if not k.startswith("gather_")} == \
+        {k: (v.shape, v.dtype) for k, v in real.items() if not k.startswith("gather_")}
+    job = ml_collections.ConfigDict(dict(data=dict(kind="image_pairs", image_max_pixels=64 * 28 * 28, plan_images=2)))
+    assert aot.planned_patches(job, CFG) == 512  # two images of 256 patches
+
+
+@pytest.mark.slow
+def test_plan_prints_a_row_for_the_qwen2_vl_7b_critic_on_8x80gb():
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.plan", "--config",
+                           os.path.join(ROOT, "configs", "vlm_critic_7b.py"), "--mesh", "fsdp=8", "--hbm-gib", "80"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "preset qwen2-vl-7b" in proc.stdout and "verdict: FITS" in proc.stdout
+    assert "objective reward" in proc.stdout

@@ -76,10 +76,11 @@ def row_length(seq_len: int, turn_len: int, min_bucket: int) -> int:
 
 
 def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str, turn_len: int = 0,
-                   min_bucket: int = 128) -> dict:
+                   min_bucket: int = 128, patches: int = 0) -> dict:
     """The worst-case batch: `rows` sequences of `seq_len` tokens, every position gathered for the loss; with
     `turn_len`, `rows` prefix-shared pair rows (`row_length` tokens) whose two examples gather `seq_len` positions
-    each (`packing.collate_pairs`' layout)."""
+    each (`packing.collate_pairs`' layout). With `patches`, every row also holds that many image patches of the
+    model's vision tower and M-RoPE positions (`image_pairs.image_arrays`' layout)."""
     def sds(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.batch_sharding(len(shape), shape))
 
@@ -92,7 +93,23 @@ def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str, turn
         batch["ref"] = sds((rows, 2) if turn_len else (rows,), jnp.float32)
     if objective == "value":
         batch["label"] = sds((rows,), jnp.float32)
+    if patches:
+        vc = layout.model_cfg.vision
+        batch.update(pixels=sds((rows, patches, vc.patch_dim), jnp.float32),
+                     patch_positions=sds((rows, patches, 2), jnp.int32),
+                     patch_segments=sds((rows, patches), jnp.int32), positions=sds((rows, 3, row[1]), jnp.int32))
     return batch
+
+
+def planned_patches(cfg, model_cfg) -> int:
+    """Image patches per row of an image-pairs job: `data.plan_images` images of `data.image_max_pixels` each
+    (Qwen2-VL's largest by default), rounded up to the power of two the batcher pads to; 0 for text jobs."""
+    if getattr(model_cfg, "vision", None) is None or cfg.data.kind != "image_pairs":
+        return 0
+    vc = model_cfg.vision
+    per_image = int(cfg.data.get("image_max_pixels") or 28 * 28 * 1280) // vc.patch_size ** 2
+    n = max(1, int(cfg.data.get("plan_images", 2))) * per_image
+    return max(vc.spatial_merge_size ** 2, 1 << (n - 1).bit_length())
 
 
 def micro_batch_for(cfg, multiple: int) -> int:
@@ -129,7 +146,7 @@ def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: 
     freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
     layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(rules))
     batch = abstract_batch(layout, rows_of(cfg, micro, turn_len), seq_len, cfg.objective, turn_len,
-                           cfg.data.min_bucket)
+                           cfg.data.min_bucket, planned_patches(cfg, model_cfg))
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
                              chunk=cfg.train.logprob_chunk)
     return step.lower(layout.abstract_state(), batch).compile(), layout

@@ -53,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
     # preprocessor_config.json, else Qwen2-VL's defaults)
     c.data.image_min_pixels = 0
     c.data.image_max_pixels = 0
+    c.data.plan_images = 2  # `sweet_jax.plan`: the images of the largest size in every planned row
 
     c.loss = ml_collections.ConfigDict()
     c.loss.beta = 0.1
