@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 from PIL import Image
-from system import start_server
+from system import needs_renderer, start_server
 
 from sweet_jax import models
 from sweet_jax.chat import load_tokenizer
@@ -108,3 +108,36 @@ def test_malformed_images_get_a_400_and_the_server_stays_up(served):
             client.chat.completions.create(model="m", messages=_messages(good, bad), max_tokens=4)
     reply = client.chat.completions.create(model="m", messages=_messages(good, good), max_tokens=4)
     assert reply.choices[0].finish_reason in ("stop", "length") and served["proc"].poll() is None
+
+
+@needs_renderer
+def test_frontend_collection_uses_the_server_as_its_vision_simulator(served, tmp_path):
+    """`sweet_jax.collect` on frontend tasks with the served tiny Qwen2-VL as the simulator (and as the agent, over
+    completions): every simulator turn sends the rendered pages as base64 images and gets a reply."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tasks = tmp_path / "tasks.jsonl"
+    colours = ["red", "blue", "green"]
+    tasks.write_text("".join(json.dumps({
+        "problem_description": f"A landing page with a {c} header and a card row.",
+        "ground_truth": f'<html><body><header style="background:{c};height:80px"><h1>Shop {i}</h1></header>'
+                        f'<div style="display:flex"><div>one</div><div>two</div></div></body></html>'}) + "\n"
+        for i, c in enumerate(colours)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweet_jax.collect", "--config", os.path.join(root, "configs", "collect_frontend.py"),
+         f"--config.tasks={tasks}", f"--config.output={tmp_path / 'out.jsonl'}", "--config.limit=3",
+         "--config.rollouts=1", "--config.max_steps=2", f"--config.agent.base_url={served['url']}/v1",
+         "--config.agent.model=m", "--config.agent.max_tokens=12", f"--config.simulator.base_url={served['url']}/v1",
+         "--config.simulator.model=m", "--config.simulator.max_tokens=12"],
+        cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+    assert len(records) == 3
+    assert all(rec["reward"] is not None for rec in records)
+    for rec in records:  # two agent turns, between them the simulator's reply to the images (a text model: a 400)
+        assert [m["role"] for m in rec["dialogue_history"]] == ["user", "assistant", "user", "assistant"]
+        assert rec["dialogue_history"][2]["content"].strip()
