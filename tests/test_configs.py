@@ -42,6 +42,10 @@ def test_all_configs_load():
                         c.pairs.num_pairs, c.collect.agent_max_tokens, c.best_of_n.max_tokens) == (
                             3, 10, 16, 0.1, 4, 1024, 1024)
                 assert ("70B" in c.policy_init) == n.endswith("_70b") and "70B" in c.simulator
+        elif n.startswith("vlm_critic"):  # the frontend's regression-head critic: the fork's pixels, Table 5 frontend
+            assert (c.objective, c.data.kind, c.loss.reward_padding) == ("reward", "image_pairs", "include")
+            assert (c.data.image_min_pixels, c.data.image_max_pixels) == (16 * 28 * 28, 64 * 28 * 28)
+            assert (c.optim.lr, c.optim.batch_size, c.train.epochs, c.optim.b2) == (2e-7, 8, 8, 0.95)
         else:
             assert c.objective in ("critic", "dpo", "sft")
 
