@@ -8,6 +8,13 @@ from sweet_jax.chat import llama3
 from sweet_jax.chat.formats import ChatFormat
 
 
+def split_prefix(text: str) -> tuple[str, str]:
+    """(prefix, prompt): the text before a Llama-3.1 prompt's begin-of-text token (the information prefix of an
+    official pair file's input), and the prompt from that token on; ("", text) when there is no such token."""
+    at = text.find(llama3.BOS)
+    return (text[:at], text[at:]) if at > 0 else ("", text)
+
+
 def in_format(prompt: str, fmt: ChatFormat) -> str:
     """`prompt` in `fmt`: unchanged when it is not in the Llama-3.1 format or when `fmt` is a Llama-3 format (the
     official renderer, or Meta's own template, which read it as it is)."""

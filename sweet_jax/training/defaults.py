@@ -26,7 +26,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "auto"
 
     c.data = ml_collections.ConfigDict()
-    c.data.kind = "trajectory_pairs"  # trajectory_pairs | ranked_pairs | rft
+    # trajectory_pairs | ranked_pairs | text_pairs (an official pair file: {"chosen": {"input", "output"},
+    # "rejected": ...} per line, any information prefix already in the inputs) | rft | turn_values | image_pairs
+    c.data.kind = "trajectory_pairs"
     c.data.path = ""  # jsonl / parquet / hub name; empty: synthetic data generated on first use
     c.data.synthetic = ml_collections.ConfigDict(dict(num_tasks=400, rollouts=3, p_correct=0.5, seed=0,
                                                           num_constants=20, compact=False))

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 
+from sweet_jax.chat.convert import split_prefix
 from sweet_jax.colbench import synthetic
 from sweet_jax.data import pairs as pairs_lib
 from sweet_jax.training import image_pairs
@@ -17,7 +18,7 @@ from sweet_jax.files.jsonl import write_jsonl
 
 log = logging.getLogger(__name__)
 
-KINDS = ("trajectory_pairs", "ranked_pairs", "rft", "turn_values", "image_pairs")
+KINDS = ("trajectory_pairs", "ranked_pairs", "text_pairs", "rft", "turn_values", "image_pairs")
 
 
 @dataclasses.dataclass
@@ -77,6 +78,8 @@ def build(data_cfg, tokenizer, run_dir: str, chat_format=None, model_cfg=None,
         held_out = set(order[:math.ceil(data_cfg.eval_fraction * len(order))])
         return (Split([p for p, t in zip(items, tasks) if t not in held_out], paired=True),
                 Split([p for p, t in zip(items, tasks) if t in held_out], paired=True), stats)
+    if data_cfg.kind == "text_pairs" and not data_cfg.path:
+        raise DataError("data.kind='text_pairs' needs data.path (an official pair file)")
     path = resolve_path(data_cfg, run_dir)
 
     def guarded(make):
@@ -111,6 +114,22 @@ def build(data_cfg, tokenizer, run_dir: str, chat_format=None, model_cfg=None,
                     items.append((c, r))
             splits.append(Split(items, paired=True))
         return splits[1], splits[0], stats
+
+    if data_cfg.kind == "text_pairs":  # the official pair file: any information prefix is in the inputs already
+        file_pairs = pairs_lib.read_pair_file(path)
+        stats.records = len(file_pairs)
+        n_eval = math.ceil(data_cfg.eval_fraction * len(file_pairs))
+
+        def side(value, source):
+            prefix, prompt = split_prefix(value[0])
+            return guarded(lambda: builder.from_text(prompt, value[1], source, info_prefix=prefix))
+
+        splits = []
+        for group in (file_pairs[n_eval:], file_pairs[:n_eval]):
+            items = [(c, r) for c, r in ((side(p.chosen, p.source), side(p.rejected, p.source)) for p in group)
+                     if c is not None and r is not None]
+            splits.append(Split(items, paired=True))
+        return splits[0], splits[1], stats
 
     read = ReadStats()
     trajectories = list(read_trajectories(path, on_error=data_cfg.on_error, stats=read))
