@@ -3,7 +3,8 @@
 For each record (a trajectory, or any JSON object with `task.ground_truth` HTML and an `answer`: the path of a PNG
 screenshot of the agent's last page, or "No answer"):
 
-1. the target page is rendered afresh (`colbench.render`, offline), once per distinct HTML;
+1. the target page is rendered afresh (`colbench.render`, offline), once per distinct HTML (`colbench.render_cache`,
+   so a resumed run renders none again);
 2. `reward` = similarity(answer screenshot, target screenshot) (`colbench.similarity`: CLIP cosine, or the offline
    pixel default). A missing answer is the official black 224 x 224 image.
 
@@ -15,9 +16,9 @@ The summary gives the mean similarity, best-of-k when tasks repeat, and, with a 
 
 from __future__ import annotations
 
-import hashlib
 import os
 
+from sweet_jax.colbench.render_cache import RenderCache
 from sweet_jax.colbench.similarity import Similarity, win_rate
 from sweet_jax.data.trajectories import task_key
 from sweet_jax.files.errors import DataError
@@ -86,8 +87,7 @@ def evaluate_file(input_path: str, output_path: str, *, similarity: Similarity, 
                             f"evaluator has scored")
     part = PartialFile(output_path, key=lambda item: item["line"])
     done = {n: item["record"] for n, item in part.done.items()}
-    os.makedirs(render_dir, exist_ok=True)
-    targets: dict[str, str | None] = {}
+    targets = RenderCache(render_dir, workers=1, renderer_factory=lambda: renderer)  # the caller closes `renderer`
     bar = tqdm(total=len(records), initial=len(done), desc=f"frontend eval ({similarity.metric})",
                disable=not progress or None)
     with part:
@@ -95,10 +95,9 @@ def evaluate_file(input_path: str, output_path: str, *, similarity: Similarity, 
             if n in done:
                 continue
             html = rec["task"]["ground_truth"]
-            digest = hashlib.sha256(html.encode()).hexdigest()[:24]
-            if digest not in targets:
-                targets[digest] = renderer.render(html, os.path.join(render_dir, f"target-{digest}.png"))
-            target = targets[digest]
+            target = targets.screenshot(html)
+            if targets.failed(html):
+                target = None
             answer = rec["answer"]
             missing = answer == "No answer" or not os.path.exists(answer)
             scored = {**rec, "reward": similarity(None if missing else answer, target) if target else 0.0}
