@@ -41,6 +41,7 @@ def get_config():
     c.evaluate = True  # score answers in the sandbox as they finish (`reward`)
     c.semantics = "reference"  # backend: reference | clean (see sweet_jax.evaluate)
     c.clip = ""  # frontend: an HF CLIP checkpoint directory for the official metric; empty: the offline pixel metric
+    c.render_workers = 2  # frontend: Chromium renderers working side by side
     c.agent = _endpoint(api="completions", temperature=1.0, top_p=1.0, max_tokens=1024)
     c.simulator = _endpoint(base_url="http://127.0.0.1:8001/v1", temperature=0.0, max_tokens=4096)
     return c

@@ -97,3 +97,16 @@ def test_chromium_pages_in_parallel_equal_one_renderer_and_a_stuck_page_is_no_an
         for page, path in zip(pages, got):
             alone = one.render(page, str(tmp_path / "alone.png"))
             assert hashlib.sha256(open(alone, "rb").read()).digest() == hashlib.sha256(open(path, "rb").read()).digest()
+
+
+def test_threads_asking_for_the_same_pages_at_once_render_each_once(tmp_path):
+    _reset()
+    pages = [f"<html>{i % 4}</html>" for i in range(8)]
+    with RenderCache(str(tmp_path), workers=2, renderer_factory=CountingRenderer) as cache:
+        threads = [threading.Thread(target=cache.screenshots, args=(pages[k:] + pages[:k],)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(CountingRenderer.log) == sorted(set(pages)) and cache.renders == 4
+        assert cache.render("<html>FAIL</html>") is None and cache.render(pages[0]) == cache.screenshot(pages[0])

@@ -7,8 +7,9 @@
 - Answers are scored as the conversations finish, and the progress bar shows the score so far:
   - backend: in the sandbox; `reward` is the fraction of tests passed, as in the released offline data; the bar
     shows the success rate;
-  - frontend: pages are rendered offline (`colbench.render`) into `OUTPUT.images/`, and each answer is the path of
-    the last rendered page's screenshot; `reward` is its similarity to the target page (`colbench.similarity`:
+  - frontend: pages are rendered offline (`colbench.render`) into `OUTPUT.images/`, each distinct page once, by
+    content hash (`colbench.render_cache`, `render_workers` Chromiums), and each answer is the path of the last
+    rendered page's screenshot; `reward` is its similarity to the target page (`colbench.similarity`:
     CLIP with `clip`, else the pixel metric); the bar shows the mean.
 - When every conversation is in, OUTPUT is written atomically in the official block order (line r x N + i is
   rollout r of task i), and the partial file is removed.
@@ -68,15 +69,14 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
     evaluator = renderer = similarity = None
     frontend = cfg.task_type == "frontend"
     if frontend:
-        from sweet_jax.colbench.render import Renderer
+        from sweet_jax.colbench.render_cache import RenderCache
         from sweet_jax.colbench.similarity import Similarity
 
-        renderer = Renderer()
+        renderer = RenderCache(os.path.abspath(cfg.output + ".images"), workers=cfg.get("render_workers", 2))
         if cfg.evaluate:
             if cfg.clip and embed is None:
                 raise ValueError("clip: the CLIP metric needs an image embedder (sweet_jax.collect builds it)")
             similarity = Similarity("clip", embed) if cfg.clip else Similarity("pixel")
-        images = os.path.abspath(cfg.output + ".images")
     elif cfg.evaluate:
         from sweet_jax.colbench.backend_eval import BackendEvaluator
 
@@ -103,7 +103,7 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
             task = tasks[key[0]]
             try:
                 if frontend:
-                    episode = await asyncio.to_thread(FrontendEpisode, task, _page_renderer(renderer, images, key),
+                    episode = await asyncio.to_thread(FrontendEpisode, task, renderer.render,
                                                       png_data_url, cfg.max_steps)
                 else:
                     episode = BackendEpisode(task, max_steps=cfg.max_steps)
@@ -138,16 +138,6 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
         await agent.close()
         await simulator.close()
     return failed
-
-
-def _page_renderer(renderer, images: str, key: tuple[int, int]):
-    """render(html) -> a new PNG under `images` for this conversation (target, then one per rendered turn)."""
-    count = iter(range(10 ** 6))
-
-    def render(html: str) -> str | None:
-        return renderer.render(html, os.path.join(images, f"task{key[0]}-rollout{key[1]}-{next(count)}.png"))
-
-    return render
 
 
 def summarize(records: list[dict], rollouts: int, task_type: str = "backend") -> dict:

@@ -8,9 +8,9 @@
   instead, so it is not tried again either.
 - A page that is None (a response with no HTML) or that failed to render gets `DIR/no-answer.png`, the official
   stand-in for a missing answer: a black 224 x 224 image.
-- The pages of one call are rendered in parallel on `workers` Chromium renderers (`colbench.render.Renderer`,
-  started on first use), each distinct page once. Later calls, and later processes on the same directory (a
-  resumed job), find the files and render nothing.
+- Pages are rendered in parallel on `workers` Chromium renderers (`colbench.render.Renderer`, started on first use),
+  each distinct page once, also when many threads ask for it at the same time. Later calls, and later processes on
+  the same directory (a resumed job), find the files and render nothing.
 - `renders` counts the pages this cache rendered.
 """
 
@@ -45,7 +45,10 @@ class RenderCache:
         self._factory = renderer_factory
         self._idle: queue.Queue = queue.Queue()
         self._started: list = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the counts, the renderers started and the pages in flight
+        self._starting = threading.Lock()
+        self._inflight: dict[str, cf.Future] = {}
+        self._pool: cf.ThreadPoolExecutor | None = None
         self.renders = 0
         self.no_answer = os.path.join(self.dir, NO_ANSWER_PNG)
         if not os.path.exists(self.no_answer):
@@ -72,35 +75,52 @@ class RenderCache:
         return os.path.exists(self._failed(page_hash(html)))
 
     def screenshots(self, pages: Sequence[str | None]) -> list[str]:
-        """A screenshot path per page, rendering the distinct unknown pages in parallel."""
-        todo = {page_hash(p): p for p in pages if p is not None and self.lookup(p) is None}
-        if todo:
-            with cf.ThreadPoolExecutor(min(self.workers, len(todo)), thread_name_prefix="render-cache") as pool:
-                list(pool.map(self._render, todo.items()))
+        """A screenshot path per page, rendering the distinct unknown pages in parallel. Safe to call from many
+        threads at once: a page being rendered for one caller is waited for, not rendered again."""
+        waits = []
+        with self._lock:
+            for page in pages:
+                if page is None or self.lookup(page) is not None:
+                    continue
+                digest = page_hash(page)
+                if digest not in self._inflight:
+                    if self._pool is None:
+                        self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="render-cache")
+                    self._inflight[digest] = self._pool.submit(self._render, digest, page)
+                waits.append(self._inflight[digest])
+        for future in waits:
+            future.result()
         return [self.lookup(p) for p in pages]
 
     def screenshot(self, page: str | None) -> str:
         return self.screenshots([page])[0]
 
-    def _render(self, item: tuple[str, str]) -> None:
-        digest, html = item
-        renderer = self._checkout()
+    def render(self, html: str) -> str | None:
+        """The page's screenshot, or None when it cannot be rendered (`colbench.env.FrontendEpisode`'s `render`)."""
+        path = self.screenshot(html)
+        return None if path == self.no_answer else path
+
+    def _render(self, digest: str, html: str) -> None:
         try:
-            ok = renderer.render(html, self._png(digest))
+            renderer = self._checkout()
+            try:
+                ok = renderer.render(html, self._png(digest))
+            finally:
+                self._idle.put(renderer)
+            if not ok:
+                with atomic_file(self._failed(digest)) as fh:
+                    fh.write("the page could not be rendered\n")
         finally:
-            self._idle.put(renderer)
-        with self._lock:
-            self.renders += 1
-        if not ok:
-            with atomic_file(self._failed(digest)) as fh:
-                fh.write("the page could not be rendered\n")
+            with self._lock:
+                self.renders += 1
+                del self._inflight[digest]
 
     def _checkout(self):
         try:
             return self._idle.get_nowait()
         except queue.Empty:
             pass
-        with self._lock:
+        with self._starting:  # one pool thread per renderer: at most `workers` are ever started
             if len(self._started) < self.workers:
                 if self._factory is None:
                     from sweet_jax.colbench.render import Renderer
@@ -112,6 +132,9 @@ class RenderCache:
         return self._idle.get()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         for renderer in self._started:
             renderer.close()
         self._started.clear()
