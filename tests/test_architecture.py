@@ -23,8 +23,8 @@ LAYERS = (
     ("training", "inference"),
     ("sweet",),
 )
-COMMANDS = ("best_of_n", "collect", "evaluate", "import_gguf", "pipeline", "plan", "random_init", "report", "serve",
-            "tasks", "train")
+COMMANDS = ("best_of_n", "collect", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
+            "report", "serve", "tasks", "train")
 JAX_ROOTS = ("jax", "jaxlib", "flax", "optax", "orbax")
 
 

@@ -3,6 +3,8 @@
 - "sweet_jax": the project's engine (`python -m sweet_jax.serve`), on the mesh of `mesh`;
 - "vllm": `vllm serve` on the stage's HF export, with `tensor_parallel_size`, `max_model_len` and `dtype` (bf16 on
   accelerators), from the vLLM environment's python (`vllm_python`, else $SWEET_JAX_VLLM_PYTHON);
+- "describer": the SYNTHETIC design domain's simulated human (`python -m sweet_jax.describer`), a deterministic
+  describer of screenshot differences that takes no model: the toy frontend pipeline's simulator role;
 - "endpoint": servers that already run (vLLM on a TPU slice, say): the stage's `endpoints` URLs, comma-separated,
   which the clients take in turn.
 
@@ -26,7 +28,7 @@ import urllib.error
 import urllib.request
 
 log = logging.getLogger("sweet_jax.inference")
-BACKENDS = ("sweet_jax", "vllm", "endpoint")
+BACKENDS = ("sweet_jax", "vllm", "describer", "endpoint")
 
 
 class ServerError(RuntimeError):
@@ -82,6 +84,11 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
                 "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", dtype,
                 "--max-num-seqs", str(s.max_batch),
                 *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
+    if s.backend == "describer":
+        from sweet_jax.cli.app import command_line
+        from sweet_jax.colbench.describer_server import DescriberSettings
+
+        return [python, *command_line("describer", DescriberSettings(port=port, served_model_name=name)), *extra]
     raise ServerError(f"backend {s.backend!r} starts no server")
 
 
