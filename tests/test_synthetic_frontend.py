@@ -53,12 +53,29 @@ def test_describe_states_the_target_and_what_differs():
     target = sf.Look("gray", "red", "end")
     assert sf.describe(None, target) == sf.NO_PAGE_REPLY
     assert sf.describe(target, target) == sf.SAME_REPLY
-    assert sf.describe(sf.Look("blue", "red", "start"), target) == (
-        "The background should be gray (yours: blue). The card should be red. The card should sit at the end "
-        "(yours: start).")
-    assert sf.describe(sf.Look("white", None, None), target) == (
-        "The background should be gray (yours: white). The card should be red (yours: none). The card should sit "
-        "at the end (yours: none).")
+    told = "Mine is different. Make the background bg-gray-100, the card bg-red-500 and the row justify-end."
+    assert sf.describe(sf.Look("blue", "red", "start"), target) == told
+    assert sf.describe(sf.Look("gray", "pink", "end"), target) == told
+    assert sf.describe(sf.Look("white", None, None), target) == told
+
+
+def test_the_details_are_copied_token_for_token():
+    """The heading's token in the request is the page's, and each detail's class token in the reply is the page's."""
+    from sweet_jax.chat import find_tokenizer
+
+    tok = find_tokenizer()
+    for heading in sf.HEADINGS:
+        design = sf.Design(heading, "gray", "red", "end")
+        task = {"problem_description": sf.make_design_task(random.Random(0))["problem_description"]}
+        request = tok.encode(f'the heading "{heading}" and', add_special_tokens=False)
+        page = tok.encode(sf.page_html(design), add_special_tokens=False)
+        assert len(request) == 6 and request[3] in page, heading
+        assert task["problem_description"].count('"') == 2
+    reply = tok.encode(sf.describe(None, sf.Look("x", "y", "z")) + sf.describe(
+        sf.Look("blue", "red", "start"), sf.Look("gray", "indigo", "center")), add_special_tokens=False)
+    page = tok.encode(sf.page_html(sf.Design("Books", "gray", "indigo", "center")), add_special_tokens=False)
+    for cls in ("-gray", "-ind", "-center"):
+        assert tok.convert_tokens_to_ids(cls) in reply and tok.convert_tokens_to_ids(cls) in page, cls
 
 
 def _episode_request(tmp_path, agent_page: sf.Design | None, target: sf.Design) -> list[dict]:
@@ -110,8 +127,8 @@ def test_the_describer_is_served_over_the_openai_vision_api(tmp_path):
         target, draft = sf.Design("h", "green", "red", "end"), sf.Design("h", "blue", "red", "end")
         reply = client.chat.completions.create(model="design-describer", temperature=0.0, max_tokens=64,
                                                messages=_episode_request(tmp_path, draft, target))
-        assert reply.choices[0].message.content == "The background should be green (yours: blue). The card should " \
-                                                   "be red. The card should sit at the end."
+        assert reply.choices[0].message.content == ("Mine is different. Make the background bg-green-100, the card "
+                                                    "bg-red-500 and the row justify-end.")
         assert [m.id for m in client.models.list().data] == ["design-describer"]
         bad = _episode_request(tmp_path, draft, target)
         bad[0]["content"][2]["image_url"]["url"] = "http://example.com/x.png"

@@ -11,11 +11,11 @@ Imports no JAX.
 """
 
 from sweet_jax.chat import llama3  # noqa: F401  (registers the "llama3" format)
-from sweet_jax.chat.templates import TemplateChatFormat, format_for  # registers "chatml"
+from sweet_jax.chat.templates import TemplateChatFormat, format_for, vision_chatml_tokenizer  # registers "chatml"
 from sweet_jax.chat.formats import (ASSISTANT, DEFAULT_FORMAT, NO_ROLE, ROLE_IDS, ChatFormat, RenderedChat,
                                     SegmentedChat, TokenizedFormat, format_names, get_format, register)
 from sweet_jax.chat.tokenizers import find_tokenizer, has_tokenizer, load_tokenizer, tokenizer_dir
 
 __all__ = ["ASSISTANT", "DEFAULT_FORMAT", "NO_ROLE", "ROLE_IDS", "ChatFormat", "RenderedChat", "SegmentedChat",
            "TemplateChatFormat", "TokenizedFormat", "find_tokenizer", "format_for", "format_names", "get_format", "has_tokenizer", "load_tokenizer",
-           "register", "tokenizer_dir"]
+           "register", "tokenizer_dir", "vision_chatml_tokenizer"]

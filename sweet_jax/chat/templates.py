@@ -29,7 +29,8 @@ import numpy as np
 from sweet_jax.chat.formats import (NO_ROLE, ROLE_IDS, ChatFormat, Messages, RenderedChat, SegmentedChat,
                                     TokenizedFormat, get_format, register)
 
-__all__ = ["CHATML_TEMPLATE", "TemplateChatFormat", "TemplateTokenizedFormat", "format_for"]
+__all__ = ["CHATML_TEMPLATE", "VISION_CHATML_TEMPLATE", "VISION_SPECIAL_TOKENS", "TemplateChatFormat",
+           "TemplateTokenizedFormat", "format_for", "vision_chatml_tokenizer"]
 
 # Qwen2-Instruct's template (also Qwen2.5's without tools): ChatML with a default system message.
 CHATML_TEMPLATE = (
@@ -37,6 +38,17 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# ChatML whose messages may hold images, written as Qwen2-VL's template writes them (each image part is
+# <|vision_start|><|image_pad|><|vision_end|>), with no default system message: the template of
+# `vision_chatml_tokenizer`.
+VISION_CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+VISION_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
 _PROBES = ("SWEETPROBEUSERA", "SWEETPROBEASSISTANTB", "SWEETPROBEUSERC")
 
 
@@ -256,6 +268,19 @@ class TemplateTokenizedFormat(TokenizedFormat):
         keep = seg.turns >= 0
         roles = np.where(keep, seg.roles, NO_ROLE).astype(np.int8)
         return RenderedChat(tokens=seg.tokens, roles=roles, turns=turns, content=seg.content & keep)
+
+
+def vision_chatml_tokenizer():
+    """The bundled Llama-3 tokenizer given ChatML's and Qwen2-VL's special tokens (`VISION_SPECIAL_TOKENS`, appended
+    after its vocabulary) and `VISION_CHATML_TEMPLATE`: what a random-init tiny vision-language model ships, since no
+    Qwen tokenizer is at hand offline."""
+    from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
+    from sweet_jax.chat.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(bundled_llama3_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_SPECIAL_TOKENS)})
+    tok.chat_template = VISION_CHATML_TEMPLATE
+    return tok
 
 
 def format_for(tokenizer, name: str | None = None, default: str | None = None) -> ChatFormat:

@@ -12,7 +12,7 @@ the background colour (4 choices), the card's colour (4) and where the card sits
 end). The agent
 learns them only from the simulated human, and the human only looks at screenshots:
 
-    agent: a draft page                 ->  human: "The background should be gray (yours is blue). ..."
+    agent: a draft page                 ->  human: "Mine is different. Make the background bg-gray-100, ..."
                                         ->  agent answers with the details it was told: the target page
     agent: a question, with no page     ->  human: "I cannot see a page yet." -> the agent must guess
     agent answers at once               ->  a guess
@@ -22,8 +22,9 @@ similarity of the final page's screenshot to the target's (`colbench.similarity`
 
 The simulated human is a deterministic describer of screenshot differences, not a model: `look_of` reads the three
 details off a screenshot's pixels (the background at the top-left corner, the first band of wide runs of another
-colour as the card: its colour and its horizontal position), and `describe` states the target's details and
-where the agent's page differs. `python -m sweet_jax.describer` serves it over the OpenAI vision API
+colour as the card: its colour and its horizontal position), and `describe`, when the agent's page differs from the
+target, gives the target's details in the page's own classes ("Mine is different. Make the background
+bg-yellow-100, the card bg-red-500 and the row justify-end."). `python -m sweet_jax.describer` serves it over the OpenAI vision API
 (`colbench.describer_server`), so collection runs through the real frontend episode, renderer and client. The
 scripted pre-training dialogues take the looks from the designs themselves (no rendering); `look_of` reads the same
 looks from every rendered design (tests/test_synthetic_frontend.py).
@@ -43,8 +44,10 @@ BACKGROUNDS = {"gray": (243, 244, 246), "blue": (219, 234, 254), "green": (209, 
 CARD_COLOURS = {"red": (239, 68, 68), "purple": (139, 92, 246), "pink": (236, 72, 153), "indigo": (99, 102, 241)}
 ROWS = ("start", "center", "end")
 OTHER_COLOURS = {"white": (255, 255, 255), "black": (0, 0, 0)}  # what a page without the domain's classes shows
-HEADINGS = ("Fresh Bakery", "City Gym", "Green Garden", "Blue Harbor", "Book Corner", "Coffee House", "Pet Clinic",
-            "Music School", "Tech Repair", "Flower Shop", "Art Studio", "Bike Rental")
+# one token each of the Llama-3 tokenizer, the same token in the request ("...") and in the page (<h1>...</h1>), so a
+# tiny model copies the heading token for token (tests/test_synthetic_frontend.py checks it)
+HEADINGS = ("Books", "Music", "Repair", "Studio", "Travel", "Design", "Market", "Health", "Photo", "Games", "Hotel",
+            "Food")
 TAILWIND_URL = "https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css"  # as ColBench pages load it
 NO_PAGE_REPLY = "I cannot see a page yet. Show me a page and I will tell you what to change."
 SAME_REPLY = "Your page looks like mine."
@@ -139,18 +142,14 @@ def look_of(image) -> Look:
 
 
 def describe(agent: Look | None, target: Look) -> str:
-    """The human's reply: the target's details, each with the agent's where it differs."""
+    """The human's reply when the agent's page differs from the target: the target's three details, in the page's
+    own classes (so a tiny model copies them token for token, the reply being the last place they appear)."""
     if agent is None:
         return NO_PAGE_REPLY
     if agent == target:
         return SAME_REPLY
-
-    def diff(ours, theirs) -> str:
-        return "" if ours == theirs else f" (yours: {ours or 'none'})"
-
-    return (f"The background should be {target.background}{diff(agent.background, target.background)}. "
-            f"The card should be {target.card}{diff(agent.card, target.card)}. "
-            f"The card should sit at the {target.row}{diff(agent.row, target.row)}.")
+    return (f"Mine is different. Make the background bg-{target.background}-100, the card bg-{target.card}-500 and "
+            f"the row justify-{target.row}.")
 
 
 # --------------------------------------------------------------------------------------------- scripted data
@@ -167,6 +166,14 @@ def draft_output(design: Design) -> str:
 
 def answer_output(design: Design) -> str:
     return f"{ANSWER_MARKER} {page_html(design)}"
+
+
+def opens_with_draft(record: dict) -> bool:
+    """Whether a trajectory record's first agent turn shows a page (the move that gets the details told)."""
+    from sweet_jax.colbench.html import extract_html
+
+    first = next((m for m in record["dialogue_history"] if m["role"] == "assistant"), None)
+    return first is not None and extract_html(first["content"]) is not None and ANSWER_MARKER not in first["content"]
 
 
 def design_rollout(task: dict, rng: random.Random, p_draft: float, p_question: float) -> dict:

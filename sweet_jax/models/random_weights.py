@@ -37,6 +37,16 @@ def write_random_init(s: RandomInitSettings) -> dict:
         overrides = json.loads(s.overrides)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--overrides: not JSON ({e})") from None
+    tokenizer = None
+    if getattr(preset(s.preset), "vision", None) is not None:
+        # a vision-language model: the Llama-3 tokenizer with ChatML's and Qwen2-VL's special tokens, and the config's
+        # special-token ids and vocabulary set to match it
+        tokenizer = chat.vision_chatml_tokenizer()
+        ids = tokenizer.convert_tokens_to_ids
+        overrides = {"vocab_size": -(-len(tokenizer) // 64) * 64, "image_token_id": ids("<|image_pad|>"),
+                     "vision_start_token_id": ids("<|vision_start|>"), "vision_end_token_id": ids("<|vision_end|>"),
+                     "video_token_id": ids("<|image_pad|>"), "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": ids("<|im_end|>"), **overrides}
     cfg = preset(s.preset, **overrides)
     params = init_params(cfg, jax.random.key(s.seed), std=s.std)
     if s.head_from_embed:
@@ -45,5 +55,5 @@ def write_random_init(s: RandomInitSettings) -> dict:
         params["lm_head"] = params["embed"].T
     with atomic_directory(s.output) as tmp:  # a killed job leaves no half-written model
         save_hf_params(params, cfg, tmp)
-        chat.find_tokenizer(chat_format=family_of(cfg).chat_format).save_pretrained(tmp)
+        (tokenizer or chat.find_tokenizer(chat_format=family_of(cfg).chat_format)).save_pretrained(tmp)
     return {"output": s.output, "params": sum(x.size for x in jax.tree.leaves(abstract_params(cfg)))}

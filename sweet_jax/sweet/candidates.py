@@ -117,7 +117,7 @@ def _by_line(output: str, suffix: str = ".partial"):
     return PartialFile(output, key=lambda item: item["line"], suffix=suffix)
 
 
-class _Share:
+class Share:
     """This process's share of a job's input lines (`distributed.ProcessShare`), its partial file OUT.partial[.<index>]
     keyed by line. `finish` waits for every process, then process 0 merges the partial files in line order into OUT."""
 
@@ -160,7 +160,7 @@ def sample(s: SampleSettings) -> dict:
     from sweet_jax.inference.scheduler import generate
 
     states = states_of(s.input, s.data_fraction)
-    share = _Share(s.output, len(states))  # (joins a multi-process job before jax touches a device)
+    share = Share(s.output, len(states))  # (joins a multi-process job before jax touches a device)
     placement = Placement.build(s.mesh)
     if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
         from sweet_jax.sweet import endpoints
@@ -210,7 +210,7 @@ def rank(s: RankSettings) -> dict:
     from sweet_jax.sweet.judges import Judge
 
     records = read_jsonl(s.input, RANK_FIELDS)
-    share = _Share(s.output, len(records))  # (joins a multi-process job before jax touches a device)
+    share = Share(s.output, len(records))  # (joins a multi-process job before jax touches a device)
     if s.reference == "model" and not s.reference_model:
         raise DataError("--reference model needs --reference_model (the frozen reference critic)")
     from sweet_jax.inference.placement import Placement

@@ -27,7 +27,10 @@ from sweet_jax.files.atomic import atomic_file, write_text
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
            "test": "SWEET-RL"}
-TRAINING = ("pretrain", "critic", "critic_no_info", "critic_head", "critic_value", "policy", "rft", "mtdpo")
+FRONTEND_METHODS = {**METHODS, "test": "SWEET-RL (text critic)", "test_vision": "SWEET-RL (vision critic)"}
+BASELINE = "test_zero_shot"  # the frontend win rate's baseline offline: the zero-shot policy's pages
+TRAINING = ("pretrain", "critic", "critic_no_info", "critic_head", "critic_value", "critic_vision", "policy",
+            "policy_vision", "rft", "mtdpo")
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -185,6 +188,120 @@ def _first_turns(path: str, group=lambda rec: None) -> dict:
     return {k: good / total for k, (good, total) in counts.items()}
 
 
+def normal_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """The mean's 95% normal interval (mean +- z standard errors)."""
+    n = len(values)
+    if n < 2:
+        return (values[0], values[0]) if values else (0.0, 1.0)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
+
+
+def _scored(path: str) -> list[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _per_task(records: list[dict]) -> dict[str, float]:
+    """{task: its rollouts' mean reward}."""
+    from sweet_jax.data.trajectories import task_key
+
+    groups: dict[str, list[float]] = {}
+    for r in records:
+        groups.setdefault(task_key(r["task"]), []).append(float(r["reward"]))
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
+@dataclasses.dataclass
+class FrontendRow:
+    """One method's frontend results over one or more runs: every episode's similarity, and its per-task outcomes
+    against the baseline (1 higher, 1/2 tie, 0 lower)."""
+
+    similarities: list[float]
+    outcomes: list[float]
+    drafts: int = 0  # episodes that open with a page (the design domain's good first move)
+
+    def cells(self) -> str:
+        sims = self.similarities
+        lo, hi = normal_interval(sims)
+        cell = f"{100 * sum(sims) / len(sims):.1f} | {100 * lo:.1f}-{100 * hi:.1f}"
+        if self.outcomes:
+            wlo, whi = normal_interval(self.outcomes)
+            cell += (f" | {100 * sum(self.outcomes) / len(self.outcomes):.1f} | "
+                     f"{100 * max(0.0, wlo):.1f}-{100 * min(1.0, whi):.1f}")
+        else:
+            cell += " | - | -"
+        return cell + f" | {len(sims)} | {100 * self.drafts / len(sims):.0f}% |"
+
+
+def frontend_rows(run_dirs: list[str]) -> dict[str, FrontendRow]:
+    """{method stage: its `FrontendRow`} pooled over the runs: similarities of every test episode, win-rate outcomes
+    per (run, task) against the run's zero-shot pages."""
+    from sweet_jax.colbench.synthetic_frontend import opens_with_draft
+    from sweet_jax.colbench.similarity import win_rate
+
+    rows: dict[str, FrontendRow] = {}
+    for d in run_dirs:
+        base_path = os.path.join(d, "eval", f"{BASELINE}_trajectories.jsonl")
+        base = _per_task(_scored(base_path)) if os.path.exists(base_path) else None
+        for stage in FRONTEND_METHODS:
+            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
+            if not os.path.exists(path):
+                continue
+            records = _scored(path)
+            row = rows.setdefault(stage, FrontendRow([], []))
+            row.similarities += [float(r["reward"]) for r in records]
+            row.drafts += sum(opens_with_draft(r) for r in records)
+            if base is not None:
+                ours = _per_task(records)
+                row.outcomes += [win_rate([ours[t]], [base[t]]) for t in ours if t in base]
+    return rows
+
+
+FRONTEND_HEAD = ["| method | similarity x100 | 95% CI | win rate vs zero-shot % | 95% CI | trajectories | "
+                 "opens with a page |", "|---|---|---|---|---|---|---|"]
+
+
+def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
+    """`screenshots.png`: for the first test tasks (rollout 0), the target page beside each method's final page."""
+    from PIL import Image, ImageDraw
+
+    from sweet_jax.colbench.render_cache import page_hash
+    from sweet_jax.colbench.similarity import load_image
+
+    columns = [(stage, name) for stage, name in FRONTEND_METHODS.items()
+               if os.path.exists(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))]
+    if not columns:
+        return []
+    per_method = {stage: _scored(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))[:tasks]
+                  for stage, _ in columns}
+    first = per_method[columns[0][0]]
+    images_dir = os.path.join(run_dir, "eval", f"{columns[0][0]}_trajectories.jsonl.images")
+    w, h, label = 273, 154, 18
+    sheet = Image.new("RGB", ((1 + len(columns)) * (w + 6), len(first) * (h + label + 6) + label), "white")
+    draw = ImageDraw.Draw(sheet)
+    for c, title in enumerate(["target"] + [name for _, name in columns]):
+        draw.text((c * (w + 6) + 4, 2), title, fill="black")
+    for r, rec in enumerate(first):
+        y = label + r * (h + label + 6)
+        target = os.path.join(images_dir, page_hash(rec["task"]["ground_truth"]) + ".png")
+        cells = [(load_image(target), "")]
+        for stage, _ in columns:
+            match = per_method[stage][r] if r < len(per_method[stage]) else None
+            cells.append((load_image(match["answer"]) if match else load_image(None),
+                          f"{match['reward']:.2f}" if match else "-"))
+        for c, (img, text) in enumerate(cells):
+            thumb = img.copy()
+            thumb.thumbnail((w, h))
+            sheet.paste(thumb, (c * (w + 6), y + label))
+            draw.text((c * (w + 6) + 4, y + 2), text or f"task {r}", fill="black")
+    path = os.path.join(out, "screenshots.png")
+    with atomic_file(path, "wb") as fh:
+        sheet.save(fh, format="png")
+    return [path]
+
+
 def write_report(run_dir: str, out: str | None = None) -> str:
     run_dir = os.path.abspath(run_dir)
     markers = _markers(run_dir)
@@ -200,10 +317,17 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lines += ["**SYNTHETIC tasks, not ColBench**: the ask domain, in which only the simulated human knows the "
                   "constant the answer needs and tells it when asked for it. The numbers below are a toy-scale check, "
                   "not the paper's benchmark.", ""]
+    elif "design domain" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC tasks, not ColBench**: the design domain, in which only the simulated human, a "
+                  "deterministic describer of screenshot differences, knows the target page's colours and layout and "
+                  "tells them when shown a page. The numbers below are a toy-scale check, not the paper's benchmark.",
+                  ""]
     elif "SYNTHETIC" in str(data.get("source", "")):
         lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
                   "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
                   "benchmark.", ""]
+    if _is_frontend(run_dir):
+        return _write_frontend_report(run_dir, out, markers, lines, plots)
     ask = "ask domain" in str(data.get("source", ""))
     extra = " opens with the good question |" if ask else ""
     lines += ["## Results on the test tasks", "",
@@ -222,14 +346,7 @@ def write_report(run_dir: str, out: str | None = None) -> str:
                      f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |" + cell)
     if not evaluated:
         lines.append("| (no evaluation stage has finished) | | | | |")
-    lines += ["", "## Training", "", "| stage | steps | held-out accuracy | held-out loss | seconds |",
-              "|---|---|---|---|---|"]
-    for stage in TRAINING:
-        if stage in markers and "held_out" in markers[stage]["summary"]:
-            s = markers[stage]["summary"]
-            acc, loss = s["held_out"].get("accuracy"), s["held_out"].get("loss")
-            lines.append(f"| {stage} | {s['steps']} | {'-' if acc is None else f'{acc:.3f}'} | "
-                         f"{'-' if loss is None else f'{loss:.4f}'} | {s['seconds']} |")
+    lines += _training_table(markers)
     bon = os.path.join(run_dir, "eval", "best_of_n.json")
     if os.path.exists(bon):
         lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
@@ -244,6 +361,23 @@ def write_report(run_dir: str, out: str | None = None) -> str:
                 good = by_selector.get((sel, n_max))
                 cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
             lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
+    return _finish_report(out, markers, lines, plots)
+
+
+def _training_table(markers: dict) -> list[str]:
+    lines = ["", "## Training", "", "| stage | steps | held-out accuracy | held-out loss | seconds |",
+             "|---|---|---|---|---|"]
+    for stage in TRAINING:
+        if stage in markers and "held_out" in markers[stage]["summary"]:
+            s = markers[stage]["summary"]
+            acc, loss = s["held_out"].get("accuracy"), s["held_out"].get("loss")
+            lines.append(f"| {stage} | {s['steps']} | {'-' if acc is None else f'{acc:.3f}'} | "
+                         f"{'-' if loss is None else f'{loss:.4f}'} | {s['seconds']} |")
+    return lines
+
+
+def _finish_report(out: str, markers: dict, lines: list[str], plots: list[str]) -> str:
+    """The plots, the stages table, and report.md written."""
     lines += [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
     if not any(p.endswith("best_of_n.png") for p in plots):
         lines += ["", "No best-of-N evaluation in this run (`eval/best_of_n.json`), so no Figure 3a curve."]
@@ -254,6 +388,35 @@ def write_report(run_dir: str, out: str | None = None) -> str:
     return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
 
 
+def _is_frontend(run_dir: str) -> bool:
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as fh:
+        return json.load(fh).get("task_type") == "frontend"
+
+
+def _write_frontend_report(run_dir: str, out: str, markers: dict, lines: list[str], plots: list[str]) -> str:
+    """The frontend results in the layout of the paper's Table 2 (similarity x100, win rate against the zero-shot
+    pages, ties counting half, each with its 95% interval), the training table, and the screenshots page."""
+    rows = frontend_rows([run_dir])
+    lines += ["## Results on the test tasks", "",
+              "Similarity of the final page's screenshot to the target's (x100; the run's metric: CLIP cosine with "
+              "`collect.clip`, else the offline pixel metric), and the win rate against the zero-shot policy's pages "
+              "per task (ties count half); 95% normal intervals.", ""] + FRONTEND_HEAD
+    for stage, name in FRONTEND_METHODS.items():
+        if stage in rows:
+            lines.append(f"| {name} | " + rows[stage].cells())
+    if not rows:
+        lines.append("| (no evaluation stage has finished) | | | | | | |")
+    lines += _training_table(markers)
+    shots = screenshots_page(run_dir, out)
+    if shots:
+        lines += ["", "## Sample pages", "", "The first test tasks: the target, then each method's final page with its "
+                  "similarity.", "", "![screenshots.png](screenshots.png)"]
+    return _finish_report(out, markers, lines, plots)
+
+
 def write_seeds_report(run_dirs: list[str], out: str) -> str:
     """`seeds.md` in `out`: the same config run with several seeds, one column per run and the pooled rate (all
     episodes of all runs together, with its 95% Wilson interval), for the policies and for best-of-N."""
@@ -262,6 +425,14 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
     for d, m in zip(runs, markers):
         if not m:
             raise FileNotFoundError(f"{d}: no finished pipeline stages (stages/*.json)")
+    if all(_is_frontend(d) for d in runs):
+        lines = [f"# Frontend results over {len(runs)} runs", "", "Runs: " + ", ".join(
+            f"{i + 1} = `{d}`" for i, d in enumerate(runs)), "",
+                 "Every test episode of every run pooled: similarity x100 and the win rate against each run's "
+                 "zero-shot pages per task (ties count half), with 95% normal intervals.", ""] + FRONTEND_HEAD
+        rows = frontend_rows(runs)
+        lines += [f"| {name} | " + rows[stage].cells() for stage, name in FRONTEND_METHODS.items() if stage in rows]
+        return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
     head = "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | pooled | 95% CI (pooled) |"
     rule = "|---|" + "---|" * (len(runs) + 2)
 

@@ -126,8 +126,27 @@ class Run:
         return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
 
     @property
+    def frontend(self) -> bool:
+        """Whether the run is on frontend (design) tasks: `task_type = "frontend"`."""
+        task_type = self.cfg.get("task_type", "backend")
+        if task_type not in ("backend", "frontend"):
+            raise StageError(f"task_type must be 'backend' or 'frontend', got {task_type!r}")
+        return task_type == "frontend"
+
+    @property
     def generated_tasks(self) -> bool:
-        return self.cfg.tasks.kind == "ask"
+        return self.cfg.tasks.kind in ("ask", "design")
+
+    @property
+    def trajectories(self) -> str:
+        return self.path("data", "train_trajectories.jsonl")
+
+    def critic_data(self, with_info: bool = True) -> str:
+        """What the text critics (and multi-turn DPO, `with_info=False`) train on: the trajectories (backend: the
+        trainer forms the ground-truth pairs), or the official frontend pair file of the `gt_pairs` stage."""
+        if not self.frontend:
+            return self.trajectories
+        return self.path("data", "critic_pairs.jsonl" if with_info else "mtdpo_pairs.jsonl")
 
     @property
     def train_tasks(self) -> str:
@@ -259,22 +278,27 @@ def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, ro
     c = run.cfg.collect
     if not tasks:
         raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
+    frontend = {"render_workers": c.get("render_workers", 2), "clip": c.get("clip", "")} if run.frontend else {}
     with (run.served(stage, agent_model, "agent") as agent,
           run.served(stage + "_simulator", run.simulator, "simulator") as sim):
-        run.job(stage, "collect", config=os.path.join(ROOT, "configs", "collect_backend.py"), overrides={
+        config = "collect_frontend.py" if run.frontend else "collect_backend.py"
+        run.job(stage, "collect", config=os.path.join(ROOT, "configs", config), overrides={
             "tasks": tasks, "output": output, "limit": c.limit, "rollouts": rollouts, "max_steps": c.max_steps,
             "concurrency": c.concurrency, "agent.base_url": agent,
             "agent.model": os.path.basename(agent_model.rstrip("/")), "agent.max_tokens": c.agent_max_tokens,
             "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
-            "simulator.max_tokens": c.simulator_max_tokens})
-    return _rewards(output)
+            "simulator.max_tokens": c.simulator_max_tokens, **frontend})
+    return _rewards(output, run.frontend)
 
 
-def _rewards(path: str) -> dict:
-    """Backend metrics of a trajectory file: mean reward (% tests passed) and success rate (reward 1)."""
+def _rewards(path: str, frontend: bool = False) -> dict:
+    """The metrics of a trajectory file: backend, the mean reward (% tests passed) and the success rate (reward 1);
+    frontend, the mean similarity to the target pages."""
     rewards = [json.loads(line)["reward"] for line in open(path) if line.strip()]
-    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / max(len(rewards), 1),
-            "success": sum(r >= 1.0 for r in rewards) / max(len(rewards), 1)}
+    n = max(len(rewards), 1)
+    if frontend:
+        return {"trajectories": len(rewards), "similarity": sum(rewards) / n}
+    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / n, "success": sum(r >= 1.0 for r in rewards) / n}
 
 
 def stage_init(run: Run) -> dict:
@@ -294,9 +318,16 @@ def stage_init(run: Run) -> dict:
 
 
 def stage_tasks(run: Run) -> dict:
+    t = run.cfg.tasks
+    if t.kind == "design":
+        from sweet_jax.colbench import synthetic_frontend
+
+        files = synthetic_frontend.write_design_data(run.path("tasks"), num_tasks=t.num_train,
+                                                     num_test_tasks=t.num_test, p_draft=t.p_good,
+                                                     p_question=t.p_vague, seed=t.seed)
+        return {"source": "SYNTHETIC design domain (not ColBench)", **files}
     from sweet_jax.colbench import synthetic
 
-    t = run.cfg.tasks
     files = synthetic.write_ask_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
                                      num_constants=t.num_constants, p_good=t.p_good, p_vague=t.p_vague, seed=t.seed)
     return {"source": "SYNTHETIC ask domain (not ColBench)", **files}
@@ -325,7 +356,27 @@ def stage_data(run: Run) -> dict:
     if d.source != "collect":
         raise StageError(f"data.source must be 'synthetic' or 'collect', got {d.source!r}")
     summary = _collect(run, "data", run.train_tasks, out, run.policy_init, run.cfg.collect.rollouts)
-    return {"source": "SYNTHETIC ask domain (not ColBench)", **summary} if run.generated_tasks else summary
+    if run.generated_tasks:
+        return {"source": f"SYNTHETIC {run.cfg.tasks.kind} domain (not ColBench)", **summary}
+    return summary
+
+
+def stage_gt_pairs(run: Run) -> dict:
+    """Frontend step 1, as the official `evaluate_html.py`: every two rollouts of a train task whose similarities
+    differ by at least `gt_pairs.min_gap`, written in the official pair-file layout: data/critic_pairs.jsonl with the
+    reference HTML as the information prefix (the text critic), data/mtdpo_pairs.jsonl without it (multi-turn DPO and
+    the critic without the information)."""
+    from sweet_jax.data.pairs import gap_pairs, pair_file_record
+    from sweet_jax.data.trajectories import read_trajectories
+    from sweet_jax.files.jsonl import write_jsonl
+
+    pairs = gap_pairs(read_trajectories(run.trajectories, streaming=False), run.cfg.gt_pairs.min_gap)
+    if not pairs:
+        raise StageError(f"stage 'gt_pairs': no two rollouts of a task in {run.trajectories} differ by "
+                         f"{run.cfg.gt_pairs.min_gap} or more: nothing to train the critic on")
+    write_jsonl(run.critic_data(with_info=True), [pair_file_record(p) for p in pairs])
+    write_jsonl(run.critic_data(with_info=False), [pair_file_record(p, info_key=None) for p in pairs])
+    return {"pairs": len(pairs), "tasks": len({p.chosen.task_key for p in pairs})}
 
 
 def _train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
@@ -339,15 +390,75 @@ def _train(run: Run, stage: str, config: str, data: str, overrides, init: str | 
     return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
 
 
+def stage_vision_init(run: Run) -> dict:
+    """The vision critic's starting point: a random-init tiny vision-language model (`vision.init`), or
+    `vision.critic_init` (an HF directory, e.g. Qwen2-VL-7B-Instruct)."""
+    v = run.cfg.vision
+    if v.get("critic_init"):
+        return {"critic_init": v.critic_init}
+    import ml_collections
+
+    from sweet_jax.models.random_weights import RandomInitSettings
+
+    i = v.init
+    overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
+    run.job("vision_init", "random_init", RandomInitSettings(output=run.path("vision_init", "hf"), preset=i.preset,
+                                                             seed=i.seed, std=i.std, overrides=json.dumps(overrides)))
+    return {"critic_init": run.path("vision_init", "hf"), "random_init": True}
+
+
+def stage_vision_pairs(run: Run) -> dict:
+    """The vision critic's image pairs (`sweet.vision_critic`): the official frontend pairs, each side the last turn
+    with the target's screenshot, the dialogue and the final page's screenshot; and the same without the target."""
+    from sweet_jax.data.trajectories import read_trajectories
+    from sweet_jax.files.jsonl import write_jsonl
+    from sweet_jax.sweet.vision_critic import image_pair_records
+
+    trajectories = list(read_trajectories(run.trajectories, streaming=False))
+    out = {}
+    for name, with_target in (("vision_pairs", True), ("vision_pairs_no_target", False)):
+        records = image_pair_records(trajectories, run.trajectories + ".images", run.path("data"),
+                                     run.cfg.gt_pairs.min_gap, with_target=with_target)
+        if not records:
+            raise StageError(f"stage 'vision_pairs': no two rollouts of a task in {run.trajectories} differ by "
+                             f"{run.cfg.gt_pairs.min_gap} or more")
+        out[name] = len(records)
+        write_jsonl(run.path("data", f"{name}.jsonl"), records)
+    return out
+
+
+def _critic_vision(stage: str, pairs: str):
+    def run_stage(run: Run) -> dict:
+        init = run.cfg.vision.get("critic_init") or run.path("vision_init", "hf")
+        return _train(run, stage, run.cfg.vision.critic.config, run.path("data", pairs),
+                      (*run.cfg.vision.critic.overrides, *run.cfg[stage].overrides), init=init)
+    return run_stage
+
+
+def stage_rank_vision(run: Run) -> dict:
+    from sweet_jax.sweet.vision_critic import RankVisionSettings
+
+    run.job("rank_vision", "best_of_n", RankVisionSettings(
+        critic=run.path("critic_vision", "hf"), input=run.path("bon", "sampled.jsonl"),
+        output=run.path("bon", "ranked_vision.jsonl"), render_workers=run.cfg.collect.get("render_workers", 2)),
+        subcommand="rank_vision")
+    return {"states": sum(1 for _ in open(run.path("bon", "ranked_vision.jsonl")))}
+
+
+def stage_policy_vision(run: Run) -> dict:
+    return _train(run, "policy_vision", run.cfg.policy.config, run.path("bon", "ranked_vision.jsonl"),
+                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+
+
 def stage_critic(run: Run) -> dict:
-    return _train(run, "critic", run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
-                  run.cfg.critic.overrides)
+    return _train(run, "critic", run.cfg.critic.config, run.critic_data(), run.cfg.critic.overrides)
 
 
 def _ablation(stage: str):
-    """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`)."""
+    """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`). On
+    frontend runs the critic without the information trains on the pairs without the prefix."""
     def run_stage(run: Run) -> dict:
-        return _train(run, stage, run.cfg.critic.config, run.path("data", "train_trajectories.jsonl"),
+        return _train(run, stage, run.cfg.critic.config, run.critic_data(with_info=stage != "critic_no_info"),
                       (*run.cfg.critic.overrides, *run.cfg[stage].overrides))
     return run_stage
 
@@ -434,12 +545,11 @@ def stage_test(run: Run) -> dict:
 
 
 def stage_rft(run: Run) -> dict:
-    return _train(run, "rft", run.cfg.rft.config, run.path("data", "train_trajectories.jsonl"), run.cfg.rft.overrides)
+    return _train(run, "rft", run.cfg.rft.config, run.trajectories, run.cfg.rft.overrides)
 
 
 def stage_mtdpo(run: Run) -> dict:
-    return _train(run, "mtdpo", run.cfg.mtdpo.config, run.path("data", "train_trajectories.jsonl"),
-                  run.cfg.mtdpo.overrides)
+    return _train(run, "mtdpo", run.cfg.mtdpo.config, run.critic_data(with_info=False), run.cfg.mtdpo.overrides)
 
 
 def stage_report(run: Run) -> dict:
@@ -449,7 +559,21 @@ def stage_report(run: Run) -> dict:
 
 
 def _best_of_n_eval(run: Run) -> bool:
-    return bool(run.cfg.best_of_n_eval.enabled)
+    return bool(run.cfg.best_of_n_eval.enabled) and not run.frontend
+
+
+def _ablation_enabled(name: str):
+    """The critic ablations run with the best-of-N evaluation; on frontend runs only the critic without the
+    information (the score-head ablations are the backend's)."""
+    def enabled(run: Run) -> bool:
+        if run.frontend:
+            return bool(run.cfg.best_of_n_eval.enabled) and name == "critic_no_info"
+        return _best_of_n_eval(run)
+    return enabled
+
+
+def _frontend(run: Run) -> bool:
+    return run.frontend
 
 
 ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
@@ -461,10 +585,13 @@ STAGES = (
           enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init),
     # every later stage uses the initial policy and the tasks, which `data` itself waits for
     Stage("data", (), ("data/train_trajectories.jsonl",), stage_data, after=("init", "tasks", "pretrain")),
-    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data",)),
+    # frontend: the official pair files (the backend's trainer forms its pairs from the trajectories itself)
+    Stage("gt_pairs", ("data/train_trajectories.jsonl",), ("data/critic_pairs.jsonl", "data/mtdpo_pairs.jsonl"),
+          stage_gt_pairs, after=("data",), enabled=_frontend),
+    Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data", "gt_pairs")),
     # critic ablations and the best-of-N evaluation (Figure 3a)
-    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data",),
-            enabled=_best_of_n_eval) for name in ABLATIONS),
+    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data", "gt_pairs"),
+            enabled=_ablation_enabled(name)) for name in ABLATIONS),
     Stage("best_of_n", ("critic/hf", *(f"{name}/hf" for name in ABLATIONS)), ("eval/best_of_n.json",),
           stage_best_of_n, after=("critic", *ABLATIONS), enabled=_best_of_n_eval),
     Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
@@ -472,13 +599,28 @@ STAGES = (
     Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
     Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
     Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
+    # frontend: the vision-language critic, its ranking of the rendered candidates, and the actor it trains
+    Stage("vision_init", (), (), stage_vision_init, enabled=_frontend),
+    Stage("vision_pairs", ("data/train_trajectories.jsonl",), ("data/vision_pairs.jsonl",
+                                                                "data/vision_pairs_no_target.jsonl"),
+          stage_vision_pairs, after=("data",), enabled=_frontend),
+    Stage("critic_vision", ("data/vision_pairs.jsonl",), ("critic_vision/hf",),
+          _critic_vision("critic_vision", "vision_pairs.jsonl"), after=("vision_init", "vision_pairs"),
+          enabled=_frontend),
+    Stage("rank_vision", ("bon/sampled.jsonl", "critic_vision/hf"), ("bon/ranked_vision.jsonl",), stage_rank_vision,
+          after=("sample", "critic_vision"), enabled=_frontend),
+    Stage("policy_vision", ("bon/ranked_vision.jsonl",), ("policy_vision/hf",), stage_policy_vision,
+          after=("rank_vision",), enabled=_frontend),
+    Stage("test_vision", ("policy_vision/hf",), ("eval/test_vision_trajectories.jsonl",),
+          lambda run: _test(run, "test_vision", run.path("policy_vision", "hf")), after=("policy_vision",),
+          enabled=_frontend),
     # baselines: the initial policy as it is, rejection fine-tuning and multi-turn DPO
     Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
           lambda run: _test(run, "test_zero_shot", run.policy_init), after=("data",)),
     Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
     Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
           lambda run: _test(run, "test_rft", run.path("rft", "hf")), after=("rft",)),
-    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data",)),
+    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data", "gt_pairs")),
     Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
           lambda run: _test(run, "test_mtdpo", run.path("mtdpo", "hf")), after=("mtdpo",)),
 )

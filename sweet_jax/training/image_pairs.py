@@ -32,51 +32,60 @@ def _side(record, side: str, where: str, base_dir: str, builder: ExampleBuilder,
           settings: ImageSettings) -> Example:
     value = record.get(side)
     messages = value.get("messages") if isinstance(value, dict) else None
+    return chat_example(messages, where, f"{side}.messages", base_dir, builder, cfg, settings)
+
+
+def chat_example(messages, where: str, field: str, base_dir: str, builder: ExampleBuilder, cfg,
+                 settings: ImageSettings) -> Example:
+    """A chat whose last message is the assistant's reply, its earlier messages' image parts (`image_url`: a data
+    URL, or a path relative to `base_dir`) preprocessed for the vision tower and each `<|image_pad|>` expanded to
+    the image's feature tokens. Errors name `where` (file:line) and the field (`field`, "chosen.messages", and
+    within it)."""
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: field '{side}.messages': expected a non-empty list of messages")
+        raise DataError(f"{where}: field '{field}': expected a non-empty list of messages")
     last = messages[-1]
     if not isinstance(last, dict) or last.get("role") != "assistant" or not isinstance(last.get("content"), str):
-        raise DataError(f"{where}: field '{side}.messages.{len(messages) - 1}': the last message must be the "
-                        f"assistant's, with string content")
+        raise DataError(f"{where}: field '{field}.{len(messages) - 1}': the last message must be the assistant's, "
+                        f"with string content")
     rendered, images = [], []
     for i, m in enumerate(messages[:-1]):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
-                field = f"{side}.messages.{i}.content.{j}"
+                part_field = f"{where}: field '{field}.{i}.content.{j}"
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
                     parts.append({"type": "text", "text": str(part.get("text", ""))})
                 elif kind == "image_url":
                     url = part.get("image_url")
                     try:
-                        images.append(open_image(url.get("url") if isinstance(url, dict) else url,
-                                                 f"{where}: field '{field}'", base_dir))
+                        images.append(open_image(url.get("url") if isinstance(url, dict) else url, part_field + "'",
+                                                 base_dir))
                     except ImageError as e:
                         raise DataError(str(e)) from None
                     parts.append({"type": "image"})
                 else:
-                    raise DataError(f"{where}: field '{field}.type': expected 'text' or 'image_url', got {kind!r}")
+                    raise DataError(f"{part_field}.type': expected 'text' or 'image_url', got {kind!r}")
             content = parts
         rendered.append({"role": m.get("role") if isinstance(m, dict) else None, "content": content})
     try:
         prompt = builder.chat.render_text(rendered, add_generation_prompt=True)
     except ValueError as e:
-        raise DataError(f"{where}: field '{side}.messages': {e}") from None
+        raise DataError(f"{where}: field '{field}': {e}") from None
     ex = builder.from_text(prompt, last["content"], where)
     if not images:
         return ex
     if ex.truncated:
-        raise DataError(f"{where}: field '{side}': over data.max_len={builder.max_len} tokens; an example with images "
-                        f"is never cut")
+        raise DataError(f"{where}: field '{field}': over data.max_len={builder.max_len} tokens; an example with "
+                        f"images is never cut")
     pixels, grid = preprocess(images, settings)
     try:
         counts = qwen2_vl.expand_image_pads(ex.tokens, cfg.image_token_id, grid, cfg.vision.spatial_merge_size)
     except ValueError as e:
-        raise DataError(f"{where}: field '{side}.messages': the rendered chat has {e}") from None
+        raise DataError(f"{where}: field '{field}': the rendered chat has {e}") from None
     if counts.sum() > builder.max_len:
-        raise DataError(f"{where}: field '{side}': {int(counts.sum())} tokens with its image features, over "
+        raise DataError(f"{where}: field '{field}': {int(counts.sum())} tokens with its image features, over "
                         f"data.max_len={builder.max_len}")
     return Example(tokens=np.repeat(ex.tokens, counts), score_mask=np.repeat(ex.score_mask, counts),
                    response_mask=np.repeat(ex.response_mask, counts), turn_ids=np.repeat(ex.turn_ids, counts),

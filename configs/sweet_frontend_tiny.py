@@ -1,0 +1,52 @@
+"""SWEET-RL on frontend design at toy scale on the CPU:
+`python -m sweet_jax.pipeline --config configs/sweet_frontend_tiny.py`.
+
+SYNTHETIC tasks, not ColBench: the "design" domain (`sweet_jax.colbench.synthetic_frontend`). Each target page is a
+Tailwind heading and a card; the request names the heading, and three details are hidden (the background colour, the
+card's colour, where the card sits in its row). The simulated human sees only screenshots and describes how the
+agent's page differs from the target: a deterministic describer of screenshot differences served over the OpenAI
+vision API (`python -m sweet_jax.describer`), not a model. An agent that shows a draft first is told the details; one
+that asks in words, which the human cannot see, or answers at once, must guess.
+
+A random-init tiny Llama is pre-trained on scripted dialogues of the domain (as the backend's toy domain), then
+collects 6 rollouts per train task through the real frontend episode: every page rendered offline by Chromium, each
+answer scored by its similarity to the target's screenshot (the offline pixel metric: no CLIP weights are at hand).
+The text critic trains on the official frontend pairs (|delta similarity| >= 0.1, the reference HTML as the
+information); the actor, rejection fine-tuning and multi-turn DPO follow the backend's toy settings, with the paper's
+frontend epochs where the budget allows.
+"""
+
+import ml_collections
+
+from sweet_jax.training.defaults import derived_from
+
+
+def get_config():
+    c = derived_from(__file__, "sweet_backend_tiny.py")
+    c.task_type = "frontend"
+    c.run_dir = "runs/sweet_frontend_tiny"
+    # the describer plays the human (inference.roles.simulator); the name is the id it is served under
+    c.simulator = "design-describer"
+    # p_good: the scripted agent shows a draft first; p_vague: it asks in words, which the human cannot see
+    c.tasks.update(kind="design", num_train=200, num_test=50, p_good=1 / 3, p_vague=1 / 3, seed=0)
+    c.pretrain.overrides = ("data.max_len=1024",)
+    # 6 rollouts per train task, as the paper's frontend data; a page is 79 tokens, the answer marker 6 more
+    c.collect.update(limit=0, rollouts=6, max_steps=3, concurrency=64, agent_max_tokens=96, simulator_max_tokens=64,
+                     render_workers=2, clip="")
+    c.inference.roles.simulator = "describer"
+    c.gt_pairs = ml_collections.ConfigDict(dict(min_gap=0.1))  # the official frontend pair rule
+    c.best_of_n_eval.enabled = False
+    c.best_of_n.update(max_tokens=96)
+    text_pairs = ("data.kind=text_pairs", "data.max_len=1024")
+    c.critic.overrides = (*text_pairs, "data.score_span=assistant", "train.epochs=2", "train.eval_every=20",
+                          "optim.freeze=embed,lm_head")
+    c.policy.overrides = (*c.policy.overrides, "data.max_len=1024")
+    # The vision-language critic (`sweet_jax.sweet.vision_critic`): a random-init tiny Qwen2-VL with the Llama-3
+    # tokenizer given Qwen2-VL's special tokens (critic_init: an HF directory instead), trained on the image pairs
+    c.vision = ml_collections.ConfigDict(dict(
+        critic_init="", init=dict(preset="qwen2-vl-tiny", seed=0, std=0.1, overrides={}),
+        critic=dict(config="configs/vlm_critic_tiny.py", overrides=())))
+    c.critic_vision = ml_collections.ConfigDict(dict(overrides=()))
+    c.rft.overrides = (*c.rft.overrides, "data.max_len=1024", "data.min_best_reward=1.0")
+    c.mtdpo.overrides = (*c.mtdpo.overrides, *text_pairs)
+    return c

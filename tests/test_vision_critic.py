@@ -1,0 +1,156 @@
+"""The frontend's vision-language critic (`sweet_jax.sweet.vision_critic`): its chat layout, its image pairs from
+collected rollouts (the official |delta| >= 0.1 pairs), its reward against a NumPy mean of the score head's values
+on a tiny random Qwen2-VL, and its ranking job, which renders every distinct candidate page once, ever (across
+states and across a resumed run), scoring a page that fails to render as the official no-answer image."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sweet_jax.colbench import synthetic_frontend as sf
+from sweet_jax.colbench.render import solid_png
+from sweet_jax.colbench.render_cache import RenderCache, page_hash
+from sweet_jax.data.trajectories import read_trajectories
+from sweet_jax.sweet import vision_critic as vc
+
+
+class FlatRenderer:
+    """Draws a page as a flat image of its background colour; "FAIL" pages do not render. Counts every render."""
+
+    log: list = []
+    lock = threading.Lock()
+
+    def render(self, html, out_path):
+        with FlatRenderer.lock:
+            FlatRenderer.log.append(html)
+        if "FAIL" in html:
+            return None
+        colour = next((rgb for name, rgb in sf.BACKGROUNDS.items() if f"bg-{name}-100" in html), (255, 255, 255))
+        with open(out_path, "wb") as fh:
+            fh.write(solid_png(112, 84, colour))
+        return out_path
+
+    def close(self):
+        pass
+
+
+def _trajectories(tmp_path, rewards):
+    """Rollouts of one task in the block layout, their final pages rendered into the collection's images folder."""
+    images = tmp_path / "data" / "train.jsonl.images"
+    cache = RenderCache(str(images), renderer_factory=FlatRenderer)
+    task = sf.make_design_task(__import__("random").Random(0), "t0")
+    cache.screenshot(task["ground_truth"])
+    lines = []
+    for k, r in enumerate(rewards):
+        page = sf.page_html(sf.Design("Books", sorted(sf.BACKGROUNDS)[k % 4], "red", "end"))
+        history = [{"role": "user", "content": task["problem_description"]},
+                   {"role": "assistant", "content": "q", "input": "<prompt>", "output": "q"},
+                   {"role": "user", "content": sf.NO_PAGE_REPLY},
+                   {"role": "assistant", "content": " " + page, "input": "<prompt2>", "output": "OUTPUT: " + page}]
+        lines.append({"task": task, "dialogue_history": history, "answer": cache.screenshot(page), "reward": r})
+    path = tmp_path / "data" / "train.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path), task, str(images)
+
+
+def test_critic_messages_layout():
+    history = [{"role": "user", "content": "make a page"}, {"role": "assistant", "content": "q"}]
+    with_target = vc.critic_messages("t.png", history, "p.png", "reply")
+    assert with_target == [{"role": "user", "content": [
+        {"type": "text", "text": vc.TARGET_CAPTION}, {"type": "image_url", "image_url": {"url": "t.png"}},
+        {"type": "text", "text": vc.DIALOGUE_CAPTION + "user:make a page\n\n\n\nassistant:q"},
+        {"type": "text", "text": vc.PAGE_CAPTION}, {"type": "image_url", "image_url": {"url": "p.png"}}]},
+        {"role": "assistant", "content": "reply"}]
+    without = vc.critic_messages(None, history, "p.png", "reply")
+    assert without[0]["content"] == with_target[0]["content"][2:] and without[1] == with_target[1]
+
+
+def test_image_pairs_follow_the_official_pair_rule(tmp_path):
+    path, task, images = _trajectories(tmp_path, [0.9, 0.85, 0.4, 0.8])
+    trajs = list(read_trajectories(path, streaming=False))
+    records = vc.image_pair_records(trajs, images, str(tmp_path / "data"))
+    # |delta| >= 0.1: (0,2) (1,2) (2,3); (0,1) 0.05 and (0,3) 0.1 - float: 0.9 - 0.8 = 0.0999... < 0.1, left out
+    assert len(records) == 3
+    chosen_pages = [r["chosen"]["messages"][0]["content"][4]["image_url"]["url"] for r in records]
+    rejected_pages = [r["rejected"]["messages"][0]["content"][4]["image_url"]["url"] for r in records]
+    pages = [os.path.relpath(t.answer, tmp_path / "data") for t in trajs]
+    assert chosen_pages == [pages[0], pages[1], pages[3]] and rejected_pages == [pages[2]] * 3
+    target = records[0]["chosen"]["messages"][0]["content"][1]["image_url"]["url"]
+    assert target == os.path.join("train.jsonl.images", page_hash(task["ground_truth"]) + ".png")
+    assert records[0]["chosen"]["messages"][1]["content"] == trajs[0].last_turn["output"]
+    no_target = vc.image_pair_records(trajs, images, str(tmp_path / "data"), with_target=False)
+    assert [r["chosen"]["messages"][0]["content"] for r in no_target] == [
+        r["chosen"]["messages"][0]["content"][2:] for r in records]
+
+
+@pytest.fixture(scope="module")
+def vision_head(tmp_path_factory):
+    """A random-init tiny Qwen2-VL with a score head, the vision ChatML tokenizer beside it."""
+    from sweet_jax.models.random_weights import RandomInitSettings, write_random_init
+
+    out = str(tmp_path_factory.mktemp("vlm") / "hf")
+    write_random_init(RandomInitSettings(output=out, preset="qwen2-vl-tiny", std=0.1, seed=3,
+                                         overrides='{"score_head": true}'))
+    return out
+
+
+def test_the_judges_reward_is_the_mean_of_the_score_heads_values(tmp_path, vision_head):
+    """Candidates of different lengths and images scored in one padded batch equal, each, the NumPy mean of the
+    per-token values of its own unpadded chat."""
+    import jax.numpy as jnp
+
+    from sweet_jax import models
+    from sweet_jax.training.image_pairs import chat_example, image_arrays
+    from sweet_jax.training.steps import batch_images, model_positions
+
+    cache = RenderCache(str(tmp_path / "renders"), renderer_factory=FlatRenderer)
+    judge = vc.VisionJudge(vision_head, cache)
+    target = sf.page_html(sf.Design("Books", "gray", "red", "end"))
+    history = [{"role": "user", "content": "Build a page."}]
+    replies = ["A question with no page?", "OUTPUT: " + sf.page_html(sf.Design("Books", "blue", "red", "end")),
+               "I WANT TO ANSWER: " + target, "OUTPUT: <html>FAIL</html>"]
+    scores = judge(target, history, replies, where="test")
+    pages = judge.pages(history, replies)
+    assert pages[0] == pages[3] == cache.no_answer  # no page before, and a page that fails: the no-answer image
+    loaded = models.load_model(vision_head, "float32")
+    for reply, page, score in zip(replies, pages, scores):
+        ex = chat_example(vc.critic_messages(cache.screenshot(target), history, page, reply), "test", "c", "/",
+                          judge.builder, judge.cfg, judge.images)
+        tokens, seg = ex.tokens[None], np.ones((1, len(ex.tokens)), np.int32)
+        batch = {"tokens": tokens, "segment_ids": seg, **image_arrays([ex], tokens, seg, judge.cfg)}
+        values = np.asarray(models.token_values(loaded.params, loaded.cfg, jnp.asarray(tokens), model_positions(
+            {k: jnp.asarray(v) for k, v in batch.items()}), jnp.asarray(seg), images=batch_images(
+            {k: jnp.asarray(v) for k, v in batch.items()})))
+        assert score == pytest.approx(float(np.mean(values[0])), abs=1e-5)
+    assert len(set(np.round(scores, 6))) == 4  # the images and texts make a difference
+
+
+def test_rank_vision_renders_every_page_once_and_resumes(tmp_path, vision_head):
+    from sweet_jax.files.jsonl import write_jsonl
+
+    pages = [sf.page_html(sf.Design("Books", b, "red", "end")) for b in sf.BACKGROUNDS]
+    target = sf.page_html(sf.Design("Books", "gray", "pink", "start"))
+    states = []
+    for i in range(3):  # candidates repeat within and across states
+        cands = ["OUTPUT: " + pages[(i + k) % 4] for k in range(6)] + ["a question", "OUTPUT: <html>FAIL</html>"]
+        states.append({"input": "<prompt>", "ground_truth": target, "messages": [
+            {"role": "user", "content": "Build a page."}, {"role": "assistant", "content": "x"}],
+            "additional_outputs": cands, "additional_reference_logprobs": [0.0] * 8,
+            "additional_reference_logprobs_sum": [0.0] * 8})
+    sampled = str(tmp_path / "sampled.jsonl")
+    write_jsonl(sampled, states)
+    out = str(tmp_path / "ranked.jsonl")
+    FlatRenderer.log = []
+    settings = vc.RankVisionSettings(critic=vision_head, input=sampled, output=out)
+    vc.rank_vision(settings, renderer_factory=FlatRenderer)
+    ranked = [json.loads(x) for x in open(out)]
+    assert [len(r["judge_result"]) for r in ranked] == [8, 8, 8]
+    assert sorted(FlatRenderer.log) == sorted({*pages, target, "<html>FAIL</html>"})  # each distinct page once
+    os.remove(out)
+    vc.rank_vision(settings, renderer_factory=FlatRenderer)  # a rerun renders nothing
+    assert len(FlatRenderer.log) == 6
+    assert [json.loads(x)["judge_result"] for x in open(out)] == [r["judge_result"] for r in ranked]
