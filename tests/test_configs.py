@@ -32,20 +32,30 @@ def test_all_configs_load():
         if n.startswith("collect_"):  # rollout collection jobs (sweet_jax.collect), not training jobs
             assert c.task_type == n[len("collect_"):] and c.agent.temperature == 1.0 and c.max_steps == 10
         elif n.startswith("sweet_"):  # pipelines (sweet_jax.pipeline): their training stages name job configs
+            frontend = c.get("task_type") == "frontend"
             for stage in ("critic", "policy", "rft", "mtdpo"):
                 job = os.path.basename(c[stage].config)[:-3]
                 assert _load(job).objective in ("critic", "dpo", "sft")
                 if n.endswith(("_8b", "_70b")):  # the paper pipelines run the Table 5 recipes of their size
-                    assert job == f"{stage}_{n.rsplit('_', 1)[1]}" and not c[stage].overrides
+                    assert job == f"{stage}_{n.rsplit('_', 1)[1]}"
+                    # frontend: the same recipes with Table 5's frontend epochs (8; the actor 1) on the pair files
+                    assert not c[stage].overrides or (frontend and (stage == "policy") != (
+                        "train.epochs=8" in c[stage].overrides))
             if n.endswith(("_8b", "_70b")):
                 assert (c.collect.rollouts, c.collect.max_steps, c.best_of_n.n, c.best_of_n.data_fraction,
                         c.pairs.num_pairs, c.collect.agent_max_tokens, c.best_of_n.max_tokens) == (
-                            3, 10, 16, 0.1, 4, 1024, 1024)
-                assert ("70B" in c.policy_init) == n.endswith("_70b") and "70B" in c.simulator
+                            6 if frontend else 3, 10, 16, 0.1, 4, 1024, 1024)
+                assert ("70B" in c.policy_init) == n.endswith("_70b")
+                assert ("Qwen2-VL-72B" if frontend else "70B") in c.simulator
+            if frontend:
+                assert os.path.basename(c.vision.critic.config)[:-3].startswith("vlm_critic")
+                assert c.gt_pairs.min_gap == 0.1
         elif n.startswith("vlm_critic"):  # the frontend's regression-head critic: the fork's pixels, Table 5 frontend
-            assert (c.objective, c.data.kind, c.loss.reward_padding) == ("reward", "image_pairs", "include")
+            assert (c.objective, c.data.kind) == ("reward", "image_pairs")
             assert (c.data.image_min_pixels, c.data.image_max_pixels) == (16 * 28 * 28, 64 * 28 * 28)
-            assert (c.optim.lr, c.optim.batch_size, c.train.epochs, c.optim.b2) == (2e-7, 8, 8, 0.95)
+            if n == "vlm_critic_7b":
+                assert c.loss.reward_padding == "include"
+                assert (c.optim.lr, c.optim.batch_size, c.train.epochs, c.optim.b2) == (2e-7, 8, 8, 0.95)
         else:
             assert c.objective in ("critic", "dpo", "sft")
 

@@ -234,3 +234,30 @@ def test_pair_rows_may_outgrow_max_len_and_example_rows_may_not():
                                                                     max_len=256)))
     with pytest.raises(trainer.SetupError, match="data.pack_length=512 is over data.max_len=256"):
         trainer.use_packing(cfg, splits.Split([_example(list(range(10)), [(5, 10)])], paired=False))
+
+
+def test_sft_token_mean_weighs_every_token_alike_packed_or_not():
+    """loss.sft_mean="token": the batch's loss is its tokens' mean NLL (sum over examples of tokens x their mean,
+    over the total), computed by hand from the per-example losses, the same on packed rows and plain ones; the
+    default "sequence" is the plain mean of the per-example means, which differs when lengths differ."""
+    params = models.init_params(CFG, jax.random.key(5), std=0.1)
+    examples = _examples(np.random.default_rng(6), [70, 9, 33, 21, 50, 12, 64, 5])
+    index, rows_needed = packing.example_rows(examples, BUCKETS, 1)
+    packed = packing.collate_examples([[examples[i] for i in row] for row in index], BUCKETS, 0,
+                                      gather_buckets=GATHER)
+    plain = collate(examples, BUCKETS, 0, gather_buckets=GATHER)
+
+    def loss(batch, mean, reduce=True):
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in obj.MODEL_INPUTS + ("example_mask",)}
+        return obj.loss_fn(params, batch, objective="sft", model_cfg=CFG, loss_cfg={"sft_mean": mean}, chunk=16,
+                           reduce=reduce)
+
+    _, each = loss(plain, "token", reduce=False)  # per example: token-mean NLL and token count
+    nll, tokens = np.asarray(each["loss"], np.float64), np.asarray(each["tokens"], np.float64)
+    by_hand = float((nll * tokens).sum() / tokens.sum())
+    for batch in (plain, packed):
+        np.testing.assert_allclose(float(loss(batch, "token")[0]), by_hand, rtol=1e-5)
+        np.testing.assert_allclose(float(loss(batch, "sequence")[0]), float(nll.mean()), rtol=1e-5)
+    assert abs(by_hand - nll.mean()) > 1e-3
+    with pytest.raises(ValueError, match="loss.sft_mean"):
+        loss(plain, "tokens")

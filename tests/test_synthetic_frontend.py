@@ -53,29 +53,38 @@ def test_describe_states_the_target_and_what_differs():
     target = sf.Look("gray", "red", "end")
     assert sf.describe(None, target) == sf.NO_PAGE_REPLY
     assert sf.describe(target, target) == sf.SAME_REPLY
-    told = "Mine is different. Make the background bg-gray-100, the card bg-red-500 and the row justify-end."
+    told = 'Mine is different. Use <body class="bg-gray-100">, a card with bg-red-500 and a row with justify-end.'
     assert sf.describe(sf.Look("blue", "red", "start"), target) == told
     assert sf.describe(sf.Look("gray", "pink", "end"), target) == told
     assert sf.describe(sf.Look("white", None, None), target) == told
 
 
+def _after(ids: list[int], value: list[int], context: int = 3) -> list[tuple[int, ...]]:
+    """The `context` tokens before each place `value` stands in `ids`."""
+    n = len(value)
+    return [tuple(ids[i - context:i]) for i in range(context, len(ids) - n + 1) if ids[i:i + n] == value]
+
+
 def test_the_details_are_copied_token_for_token():
-    """The heading's token in the request is the page's, and each detail's class token in the reply is the page's."""
+    """Each hidden detail, and the heading, is the same tokens after the same token(s) in the page as in the request
+    (the heading) or the human's reply (the three details): what an induction head copies."""
     from sweet_jax.chat import find_tokenizer
 
     tok = find_tokenizer()
-    for heading in sf.HEADINGS:
-        design = sf.Design(heading, "gray", "red", "end")
-        task = {"problem_description": sf.make_design_task(random.Random(0))["problem_description"]}
-        request = tok.encode(f'the heading "{heading}" and', add_special_tokens=False)
-        page = tok.encode(sf.page_html(design), add_special_tokens=False)
-        assert len(request) == 6 and request[3] in page, heading
-        assert task["problem_description"].count('"') == 2
-    reply = tok.encode(sf.describe(None, sf.Look("x", "y", "z")) + sf.describe(
-        sf.Look("blue", "red", "start"), sf.Look("gray", "indigo", "center")), add_special_tokens=False)
-    page = tok.encode(sf.page_html(sf.Design("Books", "gray", "indigo", "center")), add_special_tokens=False)
-    for cls in ("-gray", "-ind", "-center"):
-        assert tok.convert_tokens_to_ids(cls) in reply and tok.convert_tokens_to_ids(cls) in page, cls
+    rng = random.Random(0)
+    for _ in range(20):
+        task = sf.make_design_task(rng)
+        d = sf.task_design(task)
+        page = tok.encode(sf.page_html(d), add_special_tokens=False)
+        request = tok.encode(task["problem_description"], add_special_tokens=False)
+        reply = tok.encode(sf.describe(sf.Look("white", None, None), d.look), add_special_tokens=False)
+        heading = tok.encode(d.heading, add_special_tokens=False)
+        assert len(heading) == 1 and set(_after(page, heading)) & set(_after(request, heading)), d.heading
+        for cls in (f"-{d.background}", f"-{d.card}", f"-{d.row}"):
+            value = tok.encode("x" + cls, add_special_tokens=False)[1:]
+            before = _after(reply, value, 1)
+            assert set(_after(page, value, 1)) & set(before), cls
+            assert reply.count(before[0][0]) == 1, cls  # the token before it points at this detail alone
 
 
 def _episode_request(tmp_path, agent_page: sf.Design | None, target: sf.Design) -> list[dict]:
@@ -127,8 +136,8 @@ def test_the_describer_is_served_over_the_openai_vision_api(tmp_path):
         target, draft = sf.Design("h", "green", "red", "end"), sf.Design("h", "blue", "red", "end")
         reply = client.chat.completions.create(model="design-describer", temperature=0.0, max_tokens=64,
                                                messages=_episode_request(tmp_path, draft, target))
-        assert reply.choices[0].message.content == ("Mine is different. Make the background bg-green-100, the card "
-                                                    "bg-red-500 and the row justify-end.")
+        assert reply.choices[0].message.content == ('Mine is different. Use <body class="bg-green-100">, a card with '
+                                                    'bg-red-500 and a row with justify-end.')
         assert [m.id for m in client.models.list().data] == ["design-describer"]
         bad = _episode_request(tmp_path, draft, target)
         bad[0]["content"][2]["image_url"]["url"] = "http://example.com/x.png"
@@ -146,7 +155,7 @@ def test_design_data(tmp_path):
     assert not {t["task_id"] for t in train} & {t["task_id"] for t in test}
     for t in train + test:
         assert t["ground_truth"] == sf.page_html(sf.task_design(t)) and t["synthetic"]
-        assert f'"{t["design"]["heading"]}"' in t["problem_description"]
+        assert f'<h1>{t["design"]["heading"]}</h1>' in t["problem_description"]
     records = [json.loads(x) for x in open(files["pretrain"])]
     openings = {"draft": 0, "question": 0, "answer": 0}
     for r in records:

@@ -154,3 +154,59 @@ def test_rank_vision_renders_every_page_once_and_resumes(tmp_path, vision_head):
     vc.rank_vision(settings, renderer_factory=FlatRenderer)  # a rerun renders nothing
     assert len(FlatRenderer.log) == 6
     assert [json.loads(x)["judge_result"] for x in open(out)] == [r["judge_result"] for r in ranked]
+
+
+@pytest.mark.slow
+def test_frontend_best_of_n_plays_scores_and_resumes(tmp_path, vision_head):
+    """`best_of_n evaluate --task_type frontend`: a tiny random policy on design tasks, the describer served as the
+    simulated human, a text critic and the vision critic (with and without the target) as judges. Every episode is
+    scored by its page's similarity to the target's, and every state keeps each judge's scores."""
+    import random
+    import socket
+
+    import jax
+
+    from sweet_jax import models
+    from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
+    from system import renderer_missing
+
+    from sweet_jax.files.jsonl import write_jsonl
+    from sweet_jax.sweet import selection
+
+    if renderer_missing():
+        pytest.skip(renderer_missing())
+    cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                                    num_kv_heads=2)
+    models.save_hf_params(models.init_params(cfg, jax.random.key(0), std=0.1), cfg, tmp_path / "policy")
+    rng = random.Random(0)
+    write_jsonl(tmp_path / "tasks.jsonl", [sf.make_design_task(rng, f"t{i}") for i in range(2)])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = server_command(BackendSettings(backend="describer"), "design-describer", port, __import__("sys").executable)
+    server = ManagedServer(cmd, port, str(tmp_path / "describer.log"), start_timeout_s=60, what="describer").start()
+    try:
+        judge = selection.judge_spec
+        settings = selection.SelectionSettings(
+            policy=str(tmp_path / "policy"), simulator="design-describer", tasks=str(tmp_path / "tasks.jsonl"),
+            task_type="frontend", simulator_url=server.url + "/v1", output=str(tmp_path / "bon.json"), ns="1,2",
+            max_steps=2, max_tokens=6, simulator_max_tokens=32, judge=[
+                judge("text critic", str(tmp_path / "policy"), "critic"),
+                judge("vision critic", vision_head, "vision"),
+                judge("vision w/o target", vision_head, "vision", "no-target")])
+        result = selection.evaluate(settings)
+    finally:
+        server.stop()
+    table = json.loads((tmp_path / "bon.json").read_text())
+    assert result["similarity"] == table["similarity"]
+    assert set(table["similarity"]) == {"random", "text critic", "vision critic", "vision w/o target"}
+    assert all(table["episodes"][sel] == {"1": 2, "2": 2} for sel in table["episodes"])
+    episodes = [json.loads(x) for x in open(tmp_path / "bon.json.trajectories.jsonl")]
+    assert len(episodes) == 16
+    for e in episodes:
+        assert -1.0 <= e["reward"] <= 1.0
+        replies = [m["content"] for m in e["dialogue_history"][2::2]]
+        assert all(r in (sf.NO_PAGE_REPLY, sf.SAME_REPLY) or r.startswith("Mine is different.") for r in replies)
+    states = [json.loads(x) for x in open(tmp_path / "bon.json.states.jsonl")]
+    scored = [s for s in states if s["kind"] == "state"]
+    assert scored and all(len(s["judge"]["vision critic"]) == 2 for s in scored)

@@ -17,5 +17,5 @@ from sweet_jax.chat.formats import (ASSISTANT, DEFAULT_FORMAT, NO_ROLE, ROLE_IDS
 from sweet_jax.chat.tokenizers import find_tokenizer, has_tokenizer, load_tokenizer, tokenizer_dir
 
 __all__ = ["ASSISTANT", "DEFAULT_FORMAT", "NO_ROLE", "ROLE_IDS", "ChatFormat", "RenderedChat", "SegmentedChat",
-           "TemplateChatFormat", "TokenizedFormat", "find_tokenizer", "format_for", "format_names", "get_format", "has_tokenizer", "load_tokenizer",
-           "register", "tokenizer_dir", "vision_chatml_tokenizer"]
+           "TemplateChatFormat", "TokenizedFormat", "find_tokenizer", "format_for", "format_names", "get_format",
+           "has_tokenizer", "load_tokenizer", "register", "tokenizer_dir", "vision_chatml_tokenizer"]

@@ -12,7 +12,7 @@ the background colour (4 choices), the card's colour (4) and where the card sits
 end). The agent
 learns them only from the simulated human, and the human only looks at screenshots:
 
-    agent: a draft page                 ->  human: "Mine is different. Make the background bg-gray-100, ..."
+    agent: a draft page                 ->  human: "Mine is different. Use <body class="bg-gray-100">, ..."
                                         ->  agent answers with the details it was told: the target page
     agent: a question, with no page     ->  human: "I cannot see a page yet." -> the agent must guess
     agent answers at once               ->  a guess
@@ -23,9 +23,9 @@ similarity of the final page's screenshot to the target's (`colbench.similarity`
 The simulated human is a deterministic describer of screenshot differences, not a model: `look_of` reads the three
 details off a screenshot's pixels (the background at the top-left corner, the first band of wide runs of another
 colour as the card: its colour and its horizontal position), and `describe`, when the agent's page differs from the
-target, gives the target's details in the page's own classes ("Mine is different. Make the background
-bg-yellow-100, the card bg-red-500 and the row justify-end."). `python -m sweet_jax.describer` serves it over the OpenAI vision API
-(`colbench.describer_server`), so collection runs through the real frontend episode, renderer and client. The
+target, gives the target's details in the page's own classes ("Mine is different. Use <body class="bg-yellow-100">,
+a card with bg-red-500 and a row with justify-end."). `python -m sweet_jax.describer` serves it over the OpenAI
+vision API (`colbench.describer_server`), so collection runs through the real frontend episode, renderer and client. The
 scripted pre-training dialogues take the looks from the designs themselves (no rendering); `look_of` reads the same
 looks from every rendered design (tests/test_synthetic_frontend.py).
 """
@@ -44,8 +44,8 @@ BACKGROUNDS = {"gray": (243, 244, 246), "blue": (219, 234, 254), "green": (209, 
 CARD_COLOURS = {"red": (239, 68, 68), "purple": (139, 92, 246), "pink": (236, 72, 153), "indigo": (99, 102, 241)}
 ROWS = ("start", "center", "end")
 OTHER_COLOURS = {"white": (255, 255, 255), "black": (0, 0, 0)}  # what a page without the domain's classes shows
-# one token each of the Llama-3 tokenizer, the same token in the request ("...") and in the page (<h1>...</h1>), so a
-# tiny model copies the heading token for token (tests/test_synthetic_frontend.py checks it)
+# one token each of the Llama-3 tokenizer; the request names the heading as the page writes it (<h1>...</h1>), so a
+# tiny model copies it token for token (tests/test_synthetic_frontend.py checks it)
 HEADINGS = ("Books", "Music", "Repair", "Studio", "Travel", "Design", "Market", "Health", "Photo", "Games", "Hotel",
             "Food")
 TAILWIND_URL = "https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css"  # as ColBench pages load it
@@ -90,7 +90,7 @@ def random_design(rng: random.Random, heading: str) -> Design:
 def make_design_task(rng: random.Random, task_id: str = "") -> dict:
     d = random_design(rng, rng.choice(HEADINGS))
     return {
-        "problem_description": f"Build a page for my business with the heading \"{d.heading}\" and one card "
+        "problem_description": f"Build a page for my business with the heading <h1>{d.heading}</h1> and one card "
                                f"in a row. I will tell you the colours and the layout once I see your page.",
         "ground_truth": page_html(d),
         "design": dataclasses.asdict(d),
@@ -142,14 +142,15 @@ def look_of(image) -> Look:
 
 
 def describe(agent: Look | None, target: Look) -> str:
-    """The human's reply when the agent's page differs from the target: the target's three details, in the page's
-    own classes (so a tiny model copies them token for token, the reply being the last place they appear)."""
+    """The human's reply when the agent's page differs from the target: the target's three details, each in the
+    page's own classes and after the same tokens as in the page (`class="bg-`, ` bg-`, ` justify-`), so a tiny model
+    copies them token for token from the last place they appear (an induction head)."""
     if agent is None:
         return NO_PAGE_REPLY
     if agent == target:
         return SAME_REPLY
-    return (f"Mine is different. Make the background bg-{target.background}-100, the card bg-{target.card}-500 and "
-            f"the row justify-{target.row}.")
+    return (f"Mine is different. Use <body class=\"bg-{target.background}-100\">, a card with bg-{target.card}-500 "
+            f"and a row with justify-{target.row}.")
 
 
 # --------------------------------------------------------------------------------------------- scripted data

@@ -101,3 +101,13 @@ def sample(server: Server, prompts: list[list[int]], *, n: int, temperature: flo
     """n samples of each prompt, with the sampled tokens' log-probs."""
     return _run(server, lambda client: _sample(client, prompts, n=n, temperature=temperature, max_tokens=max_tokens,
                                                seeds=seeds, stop=stop))
+
+
+def chat_replies(server: Server, conversations: list[list[dict]], *, temperature: float,
+                 max_tokens: int) -> list[str]:
+    """The first choice's text for each conversation (chat messages, images as data URLs): the simulated human's
+    replies when it runs behind a server (vLLM's Qwen2-VL, the design describer)."""
+    async def work(client):
+        return await asyncio.gather(*(client.chat(m, temperature=temperature, max_tokens=max_tokens)
+                                      for m in conversations))
+    return list(_run(server, work))

@@ -130,20 +130,22 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     curves, counts = read_best_of_n(src)
+    intervals = best_of_n_intervals(src, curves, counts)
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for i, (method, points) in enumerate(curves.items()):
         ns = sorted(points, key=int)
         x = [int(n) * 1.03 ** (i - len(curves) / 2) for n in ns]  # a small offset keeps the error bars apart
         y = [100 * points[n] for n in ns]
-        cis = [wilson(round(points[n] * counts[method][n]), counts[method][n]) for n in ns]
+        cis = [intervals[method][n] for n in ns]
         err = [[yy - 100 * lo for yy, (lo, _) in zip(y, cis)], [100 * hi - yy for yy, (_, hi) in zip(y, cis)]]
         ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=method)
     ax.set_xscale("log", base=2)
     ticks = sorted({int(n) for points in curves.values() for n in points})
     ax.set_xticks(ticks, [str(n) for n in ticks])
     ax.set_xlabel("N (candidates per turn)")
-    ax.set_ylabel("success rate (%)")
-    ax.set_title("best-of-N selection (95% Wilson intervals)")
+    frontend = _best_of_n_metric(src) == "similarity"
+    ax.set_ylabel("similarity x100" if frontend else "success rate (%)")
+    ax.set_title(f"best-of-N selection (95% {'normal' if frontend else 'Wilson'} intervals)")
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside: 7 curves leave no empty corner
     path = os.path.join(out, "best_of_n.png")
@@ -152,22 +154,38 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     return [path]
 
 
+def _best_of_n_metric(path: str) -> str:
+    with open(path) as fh:
+        return "similarity" if "similarity" in json.load(fh) else "success"
+
+
 def read_best_of_n(path: str) -> tuple[dict, dict]:
-    """({selector: {N: success rate}}, {selector: {N: episodes}}) of a `sweet_jax.best_of_n evaluate` result."""
+    """({selector: {N: success rate, or frontend mean similarity}}, {selector: {N: episodes}}) of a
+    `sweet_jax.best_of_n evaluate` result."""
     with open(path) as fh:
         result = json.load(fh)
-    return result["success"], result["episodes"]
+    return result["similarity" if "similarity" in result else "success"], result["episodes"]
+
+
+def best_of_n_intervals(path: str, curves: dict, counts: dict) -> dict:
+    """{selector: {N: (lo, hi)}}: the frontend's stored 95% normal intervals, else 95% Wilson intervals."""
+    with open(path) as fh:
+        stored = json.load(fh).get("similarity_ci")
+    if stored:
+        return {sel: {n: tuple(ci) for n, ci in points.items()} for sel, points in stored.items()}
+    return {sel: {n: wilson(round(points[n] * counts[sel][n]), counts[sel][n]) for n in points}
+            for sel, points in curves.items()}
 
 
 def best_of_n_table(path: str) -> list[str]:
     curves, counts = read_best_of_n(path)
+    intervals = best_of_n_intervals(path, curves, counts)
     ns = sorted({n for points in curves.values() for n in points}, key=int)
     lines = ["| selector | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
     for method, points in curves.items():
         cells = []
         for n in ns:
-            k, m = round(points[n] * counts[method][n]), counts[method][n]
-            lo, hi = wilson(k, m)
+            lo, hi = intervals[method][n]
             cells.append(f"{100 * points[n]:.1f} ({100 * lo:.0f}-{100 * hi:.0f})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
@@ -410,6 +428,11 @@ def _write_frontend_report(run_dir: str, out: str, markers: dict, lines: list[st
     if not rows:
         lines.append("| (no evaluation stage has finished) | | | | | | |")
     lines += _training_table(markers)
+    bon = os.path.join(run_dir, "eval", "best_of_n.json")
+    if os.path.exists(bon):
+        lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
+                  "Similarity x100 with the initial policy fixed, choosing among N candidates per turn by each critic "
+                  "(or at random); 95% normal interval in brackets.", ""] + best_of_n_table(bon)
     shots = screenshots_page(run_dir, out)
     if shots:
         lines += ["", "## Sample pages", "", "The first test tasks: the target, then each method's final page with its "
@@ -432,6 +455,18 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
                  "zero-shot pages per task (ties count half), with 95% normal intervals.", ""] + FRONTEND_HEAD
         rows = frontend_rows(runs)
         lines += [f"| {name} | " + rows[stage].cells() for stage, name in FRONTEND_METHODS.items() if stage in rows]
+        episodes: dict[tuple[str, int], list[float]] = {}
+        for d in runs:
+            path = os.path.join(d, "eval", "best_of_n.json.trajectories.jsonl")
+            for rec in _scored(path) if os.path.exists(path) else []:
+                episodes.setdefault((rec["selector"], int(rec["n"])), []).append(float(rec["reward"]))
+        if episodes:
+            lines += ["", "## Best-of-N on the test tasks (similarity x100, every episode of every run pooled)", "",
+                      "| selector | N | similarity x100 | 95% CI | episodes |", "|---|---|---|---|---|"]
+            for (sel, n), values in episodes.items():
+                lo, hi = normal_interval(values)
+                lines.append(f"| {sel} | {n} | {100 * sum(values) / len(values):.1f} | {100 * lo:.1f}-{100 * hi:.1f} "
+                             f"| {len(values)} |")
         return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
     head = "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | pooled | 95% CI (pooled) |"
     rule = "|---|" + "---|" * (len(runs) + 2)

@@ -1,6 +1,9 @@
 """Best-of-N selection on held-out tasks with a fixed policy (the paper's Figure 3a): at every agent turn the policy
 samples N candidates, a selector picks one, and the simulator (greedy) replies; the final answers are scored in the
-sandbox.
+sandbox (backend), or by their screenshots' similarity to the targets' (frontend, `--task_type frontend`: pages
+rendered offline through a render cache, the simulator behind `--simulator_url`, e.g. the design describer or vLLM's
+Qwen2-VL, and judges of kind "vision": the vision-language critic of `sweet.vision_critic`, `:no-target` without the
+target screenshot).
 
 Selectors: "random" (the first candidate, which is a uniform pick), and one per judge given (`--judge
 NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]`, any kind of `sweet.judges`: the highest judge score;
@@ -21,21 +24,31 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 
 from sweet_jax.cli.app import flag
-from sweet_jax.colbench.env import BackendEpisode
+from sweet_jax.colbench.env import BackendEpisode, Episode, FrontendEpisode
 from sweet_jax.files.errors import DataError
 from sweet_jax.sweet.candidates import DTYPES, JUDGE_KINDS
 
-JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]"
-JUDGE_OPTIONS = ("no-info", "sum", "no-header")
+JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm|:vision][:no-info][:sum][:no-header][:no-target]"
+JUDGE_OPTIONS = ("no-info", "sum", "no-header", "no-target")
+SELECTION_KINDS = (*JUDGE_KINDS, "vision")
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectionSettings:
     policy: str = flag(help="the fixed policy: an HF directory or a training run", required=True)
     simulator: str = flag(help="the simulated human (may be the policy's directory)", required=True)
-    tasks: str = flag(help="held-out backend tasks (JSONL)", required=True)
+    tasks: str = flag(help="held-out tasks (JSONL)", required=True)
+    task_type: str = flag("backend", choices=("backend", "frontend"), help="backend: scored in the sandbox; frontend: "
+                                                                           "pages rendered and compared with targets")
+    simulator_url: str | None = flag(None, help="frontend: the simulated human's OpenAI-compatible /v1 URL(s) "
+                                                "(vLLM's Qwen2-VL, `sweet_jax.describer`); --simulator names its "
+                                                "model")
+    clip: str | None = flag(None, help="frontend: an HF CLIP checkpoint directory (the official metric); default the "
+                                       "offline pixel metric")
+    renders: str | None = flag(None, help="frontend: the render cache's folder (default OUT.images)")
     output: str = flag(help="the results, JSON", required=True)
     judge: list[str] = flag([], help=f"{JUDGE_SPEC}, repeatable (the kinds and options of `rank`)")
     ns: str = flag("1,2,4,8,16", help="the Ns of best-of-N, comma-separated")
@@ -61,7 +74,7 @@ class SelectionEpisode:
     n: int
     repeat: int
     task_index: int
-    episode: BackendEpisode
+    episode: Episode
 
 
 def parse_judges(specs: list[str]) -> dict[str, dict]:
@@ -73,21 +86,27 @@ def parse_judges(specs: list[str]) -> dict[str, dict]:
         if not eq or not name or not rest:
             raise DataError(f"--judge {spec!r}: expected {JUDGE_SPEC}")
         path, *opts = rest.split(":")
-        kinds = [o for o in opts if o in JUDGE_KINDS[1:]]
-        unknown = sorted(set(opts) - set(JUDGE_OPTIONS) - set(JUDGE_KINDS[1:]))
+        kinds = [o for o in opts if o in SELECTION_KINDS[1:]]
+        unknown = sorted(set(opts) - set(JUDGE_OPTIONS) - set(SELECTION_KINDS[1:]))
         if unknown or len(kinds) > 1 or name == "random" or name in judges:
             raise DataError(f"--judge {spec!r}: unknown options {unknown}" if unknown else
                             f"--judge {spec!r}: more than one kind {kinds}" if len(kinds) > 1 else
                             f"--judge {spec!r}: the name {name!r} is taken")
-        judges[name] = dict(model=path, kind=kinds[0] if kinds else "critic", no_info="no-info" in opts,
-                            use_sum="sum" in opts, no_header="no-header" in opts)
+        kind = kinds[0] if kinds else "critic"
+        if kind == "vision":
+            judges[name] = dict(model=path, kind=kind, with_target="no-target" not in opts)
+        elif "no-target" in opts:
+            raise DataError(f"--judge {spec!r}: no-target goes with the vision kind")
+        else:
+            judges[name] = dict(model=path, kind=kind, no_info="no-info" in opts, use_sum="sum" in opts,
+                                no_header="no-header" in opts)
     return judges
 
 
 def judge_spec(name: str, model: str, kind: str = "critic", *options: str) -> str:
     """The `--judge` string of a judge (the inverse of `parse_judges` for one entry)."""
     opts = ([kind] if kind != "critic" else []) + list(options)
-    if kind not in JUDGE_KINDS or set(options) - set(JUDGE_OPTIONS):
+    if kind not in SELECTION_KINDS or set(options) - set(JUDGE_OPTIONS):
         raise ValueError(f"judge {name!r}: kind {kind!r}, options {options}")
     return f"{name}={model}" + "".join(f":{o}" for o in opts)
 
@@ -95,16 +114,19 @@ def judge_spec(name: str, model: str, kind: str = "critic", *options: str) -> st
 def evaluate(s: SelectionSettings) -> dict:
     from tqdm.auto import tqdm
 
-    from sweet_jax.colbench.backend_eval import BackendEvaluator
     from sweet_jax.files.atomic import write_json
     from sweet_jax.files.jsonl import read_jsonl, write_jsonl
     from sweet_jax.files.partial import PartialFile
     from sweet_jax.inference.sampling import SamplingParams
     from sweet_jax.inference.scheduler import generate
     from sweet_jax.parallel.distributed import ProcessShare
+    from sweet_jax.sweet.endpoints import Server, chat_replies
     from sweet_jax.sweet.judges import Judge, shared_model
 
-    tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth", "test_cases"))
+    frontend = s.task_type == "frontend"
+    if frontend and not s.simulator_url:
+        raise DataError("--task_type frontend needs --simulator_url: the simulated human behind a server")
+    tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth") + (() if frontend else ("test_cases",)))
     tasks = tasks[:s.limit] if s.limit else tasks
     try:
         ns = sorted({int(n) for n in s.ns.split(",")})
@@ -119,14 +141,29 @@ def evaluate(s: SelectionSettings) -> dict:
 
     placement = Placement.build(s.mesh)
     policy = shared_model(s.policy, s.dtype, placement)
-    sim = shared_model(s.simulator, s.dtype, placement)
+    sim = None if frontend else shared_model(s.simulator, s.dtype, placement)
     tok = policy.tokenizer(s.tokenizer)
     fmt = policy.chat_format_for(tok)
     eot = fmt.tokenized(tok).eot_id
     agent_sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,))
     sim_sp = SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,))
-    judges = {name: Judge(tokenizer=s.tokenizer, dtype=s.dtype, placement=placement, **kw)
-              for name, kw in judge_kw.items()}
+    simulator = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4) \
+        if frontend else None
+    cache = None
+    if frontend:
+        from sweet_jax.colbench.render_cache import RenderCache
+
+        cache = RenderCache(s.renders or s.output + ".images")
+    judges = {}
+    for name, kw in judge_kw.items():
+        if kw["kind"] == "vision":
+            if not frontend:
+                raise DataError(f"--judge {name}: a vision judge needs --task_type frontend")
+            from sweet_jax.sweet.vision_critic import VisionJudge
+
+            judges[name] = VisionJudge(kw["model"], cache, with_target=kw["with_target"], dtype=s.dtype)
+        else:
+            judges[name] = Judge(tokenizer=s.tokenizer, dtype=s.dtype, placement=placement, **kw)
 
     # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
     # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
@@ -135,26 +172,39 @@ def evaluate(s: SelectionSettings) -> dict:
                            key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"])
                            if rec["kind"] == "state" else ("reply", rec["prompt"]))
 
-    cache = open_cache(share.suffix(".cache.partial"))
-    states = {k[1:]: rec for k, rec in cache.done.items() if k[0] == "state"}
-    replies = {k[1]: rec["reply"] for k, rec in cache.done.items() if k[0] == "reply"}
+    part = open_cache(share.suffix(".cache.partial"))
+    states = {k[1:]: rec for k, rec in part.done.items() if k[0] == "state"}
+    replies = {k[1]: rec["reply"] for k, rec in part.done.items() if k[0] == "reply"}
 
     def seed_of(repeat: int, task: int, prompt: str) -> int:
         key = f"{s.seed}/{repeat}/{task}/{prompt}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
+    def new_episode(task: dict) -> Episode:
+        if frontend:
+            from sweet_jax.colbench.client import png_data_url
+
+            return FrontendEpisode(task, cache.render, png_data_url, max_steps=s.max_steps, chat_format=fmt)
+        return BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt)
+
+    def judge_state(name: str, rec: dict, episode: Episode, where: str) -> list[float]:
+        if frontend and name in judges and judge_kw[name]["kind"] == "vision":
+            return judges[name](episode.task["ground_truth"], episode.history, rec["candidates"], where=where)
+        return judges[name](rec["prompt"], episode.task["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
+                            where=where)
+
     selectors = ["random", *judges]
-    episodes = [SelectionEpisode(sel, n, r, t, BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt))
-                for sel in selectors for n in ns for r in range(s.repeats) for t in share.mine(len(tasks))
-                for task in [tasks[t]]]
+    episodes = [SelectionEpisode(sel, n, r, t, new_episode(tasks[t]))
+                for sel in selectors for n in ns for r in range(s.repeats) for t in share.mine(len(tasks))]
     bar = tqdm(total=len(episodes), desc="best-of-N episodes", disable=None)
-    with cache:
+    with part:
         while True:
             active = [e for e in episodes if not e.episode.done]
             if not active:
                 break
             # 1. sample and judge the states not seen before
-            todo = sorted({(e.repeat, e.task_index, e.episode.agent_prompt()) for e in active} - states.keys())
+            at = {(e.repeat, e.task_index, e.episode.agent_prompt()): e.episode for e in active}
+            todo = sorted(at.keys() - states.keys())
             for start in range(0, len(todo), s.batch):
                 keys = todo[start:start + s.batch]
                 results = generate(policy.params, policy.cfg, [tok.encode(p, add_special_tokens=False)
@@ -165,10 +215,10 @@ def evaluate(s: SelectionSettings) -> dict:
                            "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
                            "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
                            "sum": [sum(x.logprobs) for x in samples]}
-                    rec["judge"] = {name: j(p, tasks[t]["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
-                                            where=f"{s.tasks}: task {t + 1}") for name, j in judges.items()}
+                    rec["judge"] = {name: judge_state(name, rec, at[(r, t, p)], f"{s.tasks}: task {t + 1}")
+                                    for name in judges}
                     states[(r, t, p)] = rec
-                    cache.append(rec)
+                    part.append(rec)
             # 2. every active episode takes its selector's pick among the first N candidates
             for e in active:
                 rec = states[(e.repeat, e.task_index, e.episode.agent_prompt())]
@@ -176,38 +226,43 @@ def evaluate(s: SelectionSettings) -> dict:
                                                                                         -i))
                 if e.episode.step(rec["candidates"][pick]):
                     bar.update(1)
-            # 3. the simulator replies (greedy, so one reply per distinct prompt)
-            waiting = [(e.episode, fmt.render_text(e.episode.simulator_messages(), add_generation_prompt=True))
-                       for e in episodes if not e.episode.done and e.episode.history[-1]["role"] == "assistant"]
-            todo = sorted({p for _, p in waiting} - replies.keys())
+            # 3. the simulator replies (greedy, so one reply per distinct request)
+            waiting = [(e.episode, simulator_key(e.episode)) for e in episodes
+                       if not e.episode.done and e.episode.history[-1]["role"] == "assistant"]
+            asked = {p: ep for ep, p in waiting}
+            todo = sorted(asked.keys() - replies.keys())
             for start in range(0, len(todo), s.batch * 4):
                 chunk = todo[start:start + s.batch * 4]
-                out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk], sim_sp,
-                               placement=placement)
-                for p, o in zip(chunk, out):
-                    replies[p] = tok.decode(o[0].tokens, skip_special_tokens=True)
-                    cache.append({"kind": "reply", "prompt": p, "reply": replies[p]})
+                if frontend:
+                    texts = chat_replies(simulator, [asked[p].simulator_messages() for p in chunk], temperature=0.0,
+                                         max_tokens=s.simulator_max_tokens)
+                else:
+                    out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk],
+                                   sim_sp, placement=placement)
+                    texts = [tok.decode(o[0].tokens, skip_special_tokens=True) for o in out]
+                for p, text in zip(chunk, texts):
+                    replies[p] = text
+                    part.append({"kind": "reply", "prompt": p, "reply": replies[p]})
             for ep, p in waiting:
                 ep.add_reply(replies[p])
     bar.close()
 
-    evaluator = BackendEvaluator(semantics=s.semantics)
+    score = _frontend_scorer(s) if frontend else _backend_scorer(s)
     scores = {}  # (task index, answer) -> reward: the selectors often reach the same answer
     for e in tqdm(episodes, desc="score answers", disable=None):
         key = (e.task_index, e.episode.answer)
         if key not in scores:
-            task = e.episode.task
-            scores[key] = evaluator.score(e.episode.answer, task["ground_truth"], task["test_cases"]).reward
+            scores[key] = score(e.episode)
     records = [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
                 "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes]
-    cache.close()
+    part.close()
+    if cache is not None:
+        cache.close()
     if share.count > 1:
         write_jsonl(s.output + share.suffix(".episodes"), records)
     result = {}
 
     def merge():
-        import os
-
         caches = [open_cache(suffix) for suffix in share.suffixes(".cache.partial")]
         merged = records
         if share.count > 1:
@@ -215,7 +270,7 @@ def evaluate(s: SelectionSettings) -> dict:
             files = [s.output + suffix for suffix in share.suffixes(".episodes")]
             merged = sorted((r for f in files for r in read_jsonl(f)),
                             key=lambda r: (order[r["selector"]], r["n"], r["repeat"], r["task_index"]))
-        table = _table(merged, selectors, ns)
+        table = _table(merged, selectors, ns, frontend)
         write_jsonl(s.output + ".trajectories.jsonl", merged)
         write_json(s.output, {**table, "tasks": len(tasks), "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
                               "judges": judge_kw})
@@ -226,19 +281,68 @@ def evaluate(s: SelectionSettings) -> dict:
             os.remove(c.path)
         for f in files if share.count > 1 else []:
             os.remove(f)
-        result["success"] = table["success"]
+        result.update({k: table[k] for k in ("success", "similarity") if k in table})
 
     share.gather(s.output, merge)
     return result or {"process": share.index, "episodes": len(records)}
 
 
-def _table(records: list[dict], selectors: list[str], ns: list[int]) -> dict:
-    """{"success" | "tests_passed" | "episodes": {selector: {N: value}}} of the scored episode records."""
-    table = {k: {sel: {} for sel in selectors} for k in ("success", "tests_passed", "episodes")}
+def _backend_scorer(s: SelectionSettings):
+    from sweet_jax.colbench.backend_eval import BackendEvaluator
+
+    evaluator = BackendEvaluator(semantics=s.semantics)
+
+    def score(episode: Episode) -> float:
+        task = episode.task
+        return evaluator.score(episode.answer, task["ground_truth"], task["test_cases"]).reward
+    return score
+
+
+def _frontend_scorer(s: SelectionSettings):
+    """The similarity of an episode's final page's screenshot to its target's (the no-answer image for none), as
+    collection scores it; 0 when the target does not render."""
+    from sweet_jax.colbench.similarity import Similarity
+
+    if s.clip:
+        from sweet_jax.models.clip import image_embedder
+
+        similarity = Similarity("clip", image_embedder(s.clip))
+    else:
+        similarity = Similarity("pixel")
+
+    def score(episode: Episode) -> float:
+        target = episode.target_image
+        answer = None if episode.answer == "No answer" else episode.answer
+        return similarity(answer, target) if target else 0.0
+    return score
+
+
+def simulator_key(episode: Episode) -> str:
+    """What the simulated human is asked, as one string: the templated prompt (a backend model in process), or the
+    sha256 of a frontend request's messages (their images as data URLs) as JSON."""
+    import json
+
+    if isinstance(episode, FrontendEpisode):
+        return hashlib.sha256(json.dumps(episode.simulator_messages(), sort_keys=True).encode()).hexdigest()
+    return episode.chat.render_text(episode.simulator_messages(), add_generation_prompt=True)
+
+
+def _table(records: list[dict], selectors: list[str], ns: list[int], frontend: bool = False) -> dict:
+    """Backend: {"success" | "tests_passed" | "episodes": {selector: {N: value}}}; frontend: {"similarity" |
+    "similarity_ci" | "episodes": ...} (the mean similarity and its 95% normal interval) of the scored episodes."""
+    keys = ("similarity", "similarity_ci", "episodes") if frontend else ("success", "tests_passed", "episodes")
+    table = {k: {sel: {} for sel in selectors} for k in keys}
     for sel in selectors:
         for n in ns:
             rewards = [r["reward"] for r in records if r["selector"] == sel and r["n"] == n]
-            table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
-            table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
             table["episodes"][sel][str(n)] = len(rewards)
+            if frontend:
+                mean = sum(rewards) / len(rewards)
+                sd = (sum((x - mean) ** 2 for x in rewards) / max(len(rewards) - 1, 1)) ** 0.5
+                half = 1.96 * sd / len(rewards) ** 0.5
+                table["similarity"][sel][str(n)] = mean
+                table["similarity_ci"][sel][str(n)] = [mean - half, mean + half]
+            else:
+                table["success"][sel][str(n)] = sum(x >= 1.0 for x in rewards) / len(rewards)
+                table["tests_passed"][sel][str(n)] = sum(rewards) / len(rewards)
     return table

@@ -29,6 +29,21 @@ Stages, in order, each writing into the run directory (`run_dir`):
               `test` is
     report    `sweet_jax.report`: RUN/report/report.md with the results tables and the plots
 
+Frontend runs (`task_type = "frontend"`, configs/sweet_frontend_tiny.py and _8b.py) collect through the frontend
+episode (pages rendered offline, rewards the similarity to the target's screenshot; tasks.kind = "design": the
+SYNTHETIC design domain) and add:
+
+    gt_pairs       the official frontend pairs (|delta similarity| >= gt_pairs.min_gap) in the official pair-file
+                   layout: data/critic_pairs.jsonl with the reference HTML as the information (the text critic's
+                   data) and data/mtdpo_pairs.jsonl without it (multi-turn DPO's, and the critic without the
+                   information's)
+    vision_init    the vision-language critic's starting point (a random-init tiny Qwen2-VL, or vision.critic_init)
+    vision_pairs   its image pairs (`sweet.vision_critic`): with the target screenshot, and without it
+    critic_vision  the regression-head vision critic on the image pairs
+    rank_vision    every candidate of `sample` rendered (each distinct page once) and scored by the vision critic
+    policy_vision, test_vision
+                   the SWEET actor trained on that ranking, and its evaluation
+
 - A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
   stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
   collection from its `.partial` file, sampling and ranking from theirs, training from its Orbax checkpoints.
@@ -64,6 +79,9 @@ from sweet_jax.files.atomic import write_json
 from sweet_jax.sweet import candidates, selection
 
 log = logging.getLogger("sweet_jax.pipeline")
+# Stages that run in the driver itself (writing the pair files) take turns: `datasets`, which reads the trajectories,
+# is not safe to call from two threads at once.
+_IN_DRIVER = threading.Lock()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: configs/
 
 
@@ -205,13 +223,15 @@ class Run:
 
         inf = self.cfg.get("inference") or {}
         roles, endpoints = dict(inf.get("roles", {})), dict(inf.get("endpoints", {}))
+        role_args = dict(inf.get("role_args", {})).get(role, "")  # e.g. the vision simulator's image limit
         serve = self.cfg.serve
         return BackendSettings(
             backend=roles.get(role) or inf.get("backend", "sweet_jax"), endpoints=endpoints.get(role, ""),
             max_model_len=serve.max_model_len, max_batch=serve.get("max_batch", 16), mesh=inf.get("mesh", ""),
             tensor_parallel_size=inf.get("tensor_parallel_size", 1), dtype=inf.get("dtype", "auto"),
             memory_fraction=inf.get("memory_fraction", 0.0), vllm_python=inf.get("vllm_python", ""),
-            extra_args=inf.get("extra_args", ""), start_timeout_s=serve.start_timeout_s)
+            extra_args=" ".join(a for a in (inf.get("extra_args", ""), role_args) if a),
+            start_timeout_s=serve.start_timeout_s)
 
     @contextlib.contextmanager
     def served(self, stage: str, model: str, role: str = "agent"):
@@ -274,7 +294,8 @@ class Run:
 # ---------------------------------------------------------------------------------------------------- stages
 
 
-def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rollouts: int) -> dict:
+def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rollouts: int,
+             limit: int | None = None) -> dict:
     c = run.cfg.collect
     if not tasks:
         raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
@@ -283,8 +304,8 @@ def _collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, ro
           run.served(stage + "_simulator", run.simulator, "simulator") as sim):
         config = "collect_frontend.py" if run.frontend else "collect_backend.py"
         run.job(stage, "collect", config=os.path.join(ROOT, "configs", config), overrides={
-            "tasks": tasks, "output": output, "limit": c.limit, "rollouts": rollouts, "max_steps": c.max_steps,
-            "concurrency": c.concurrency, "agent.base_url": agent,
+            "tasks": tasks, "output": output, "limit": c.limit if limit is None else limit, "rollouts": rollouts,
+            "max_steps": c.max_steps, "concurrency": c.concurrency, "agent.base_url": agent,
             "agent.model": os.path.basename(agent_model.rstrip("/")), "agent.max_tokens": c.agent_max_tokens,
             "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
             "simulator.max_tokens": c.simulator_max_tokens, **frontend})
@@ -298,7 +319,8 @@ def _rewards(path: str, frontend: bool = False) -> dict:
     n = max(len(rewards), 1)
     if frontend:
         return {"trajectories": len(rewards), "similarity": sum(rewards) / n}
-    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / n, "success": sum(r >= 1.0 for r in rewards) / n}
+    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / n,
+            "success": sum(r >= 1.0 for r in rewards) / n}
 
 
 def stage_init(run: Run) -> dict:
@@ -370,7 +392,8 @@ def stage_gt_pairs(run: Run) -> dict:
     from sweet_jax.data.trajectories import read_trajectories
     from sweet_jax.files.jsonl import write_jsonl
 
-    pairs = gap_pairs(read_trajectories(run.trajectories, streaming=False), run.cfg.gt_pairs.min_gap)
+    with _IN_DRIVER:
+        pairs = gap_pairs(read_trajectories(run.trajectories, streaming=False), run.cfg.gt_pairs.min_gap)
     if not pairs:
         raise StageError(f"stage 'gt_pairs': no two rollouts of a task in {run.trajectories} differ by "
                          f"{run.cfg.gt_pairs.min_gap} or more: nothing to train the critic on")
@@ -414,7 +437,8 @@ def stage_vision_pairs(run: Run) -> dict:
     from sweet_jax.files.jsonl import write_jsonl
     from sweet_jax.sweet.vision_critic import image_pair_records
 
-    trajectories = list(read_trajectories(run.trajectories, streaming=False))
+    with _IN_DRIVER:
+        trajectories = list(read_trajectories(run.trajectories, streaming=False))
     out = {}
     for name, with_target in (("vision_pairs", True), ("vision_pairs_no_target", False)):
         records = image_pair_records(trajectories, run.trajectories + ".images", run.path("data"),
@@ -514,8 +538,9 @@ def stage_policy(run: Run) -> dict:
 
 
 def _test(run: Run, stage: str, model: str) -> dict:
+    """An evaluation on the test tasks: `test.rollouts` conversations on each of the first `test.limit` (0: all)."""
     return _collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
-                    run.cfg.test.rollouts)
+                    run.cfg.test.rollouts, limit=run.cfg.test.get("limit", 0))
 
 
 def stage_best_of_n(run: Run) -> dict:
@@ -525,6 +550,8 @@ def stage_best_of_n(run: Run) -> dict:
     e = run.cfg.best_of_n_eval
     head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
     judge = selection.judge_spec
+    if run.frontend:
+        return _frontend_best_of_n(run, head)
     run.job("best_of_n", "best_of_n", selection.SelectionSettings(
         policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks,
         output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
@@ -538,6 +565,27 @@ def stage_best_of_n(run: Run) -> dict:
             judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
     with open(run.path("eval", "best_of_n.json")) as fh:
         return {"success": json.load(fh)["success"]}
+
+
+def _frontend_best_of_n(run: Run, head: tuple[str, ...]) -> dict:
+    """Figure 3a on frontend tasks: the initial policy fixed, candidates chosen by the text critic, the text critic
+    without the information, the vision critic, the vision critic without the target screenshot, or at random; the
+    final pages scored by their similarity to the targets'."""
+    e, judge = run.cfg.best_of_n_eval, selection.judge_spec
+    with run.served("best_of_n_simulator", run.simulator, "simulator") as sim:
+        run.job("best_of_n", "best_of_n", selection.SelectionSettings(
+            policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks, task_type="frontend",
+            simulator_url=sim, clip=run.cfg.collect.get("clip") or None,
+            output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+            max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
+            simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
+                judge("text critic", run.path("critic", "hf"), "critic", *head),
+                judge("text critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
+                judge("vision critic", run.path("critic_vision", "hf"), "vision"),
+                judge("vision critic w/o target", run.path("critic_vision_no_target", "hf"), "vision",
+                      "no-target")]), subcommand="evaluate")
+    with open(run.path("eval", "best_of_n.json")) as fh:
+        return {"similarity": json.load(fh)["similarity"]}
 
 
 def stage_test(run: Run) -> dict:
@@ -559,7 +607,11 @@ def stage_report(run: Run) -> dict:
 
 
 def _best_of_n_eval(run: Run) -> bool:
-    return bool(run.cfg.best_of_n_eval.enabled) and not run.frontend
+    return bool(run.cfg.best_of_n_eval.enabled)
+
+
+def _best_of_n_frontend(run: Run) -> bool:
+    return _best_of_n_eval(run) and run.frontend
 
 
 def _ablation_enabled(name: str):
@@ -589,17 +641,7 @@ STAGES = (
     Stage("gt_pairs", ("data/train_trajectories.jsonl",), ("data/critic_pairs.jsonl", "data/mtdpo_pairs.jsonl"),
           stage_gt_pairs, after=("data",), enabled=_frontend),
     Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data", "gt_pairs")),
-    # critic ablations and the best-of-N evaluation (Figure 3a)
-    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data", "gt_pairs"),
-            enabled=_ablation_enabled(name)) for name in ABLATIONS),
-    Stage("best_of_n", ("critic/hf", *(f"{name}/hf" for name in ABLATIONS)), ("eval/best_of_n.json",),
-          stage_best_of_n, after=("critic", *ABLATIONS), enabled=_best_of_n_eval),
-    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
-    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
-    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
-    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
-    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
-    # frontend: the vision-language critic, its ranking of the rendered candidates, and the actor it trains
+    # frontend: the vision-language critic
     Stage("vision_init", (), (), stage_vision_init, enabled=_frontend),
     Stage("vision_pairs", ("data/train_trajectories.jsonl",), ("data/vision_pairs.jsonl",
                                                                 "data/vision_pairs_no_target.jsonl"),
@@ -607,6 +649,20 @@ STAGES = (
     Stage("critic_vision", ("data/vision_pairs.jsonl",), ("critic_vision/hf",),
           _critic_vision("critic_vision", "vision_pairs.jsonl"), after=("vision_init", "vision_pairs"),
           enabled=_frontend),
+    # critic ablations and the best-of-N evaluation (Figure 3a)
+    *(Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), _ablation(name), after=("data", "gt_pairs"),
+            enabled=_ablation_enabled(name)) for name in ABLATIONS),
+    Stage("critic_vision_no_target", ("data/vision_pairs_no_target.jsonl",), ("critic_vision_no_target/hf",),
+          _critic_vision("critic_vision_no_target", "vision_pairs_no_target.jsonl"),
+          after=("vision_init", "vision_pairs"), enabled=_best_of_n_frontend),
+    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n,
+          after=("critic", *ABLATIONS, "critic_vision", "critic_vision_no_target"), enabled=_best_of_n_eval),
+    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
+    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
+    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
+    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
+    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
+    # frontend: the vision-language critic's ranking of the rendered candidates, and the actor it trains
     Stage("rank_vision", ("bon/sampled.jsonl", "critic_vision/hf"), ("bon/ranked_vision.jsonl",), stage_rank_vision,
           after=("sample", "critic_vision"), enabled=_frontend),
     Stage("policy_vision", ("bon/ranked_vision.jsonl",), ("policy_vision/hf",), stage_policy_vision,

@@ -66,6 +66,10 @@ def base_config() -> ml_collections.ConfigDict:
     # the reward objective's mean of per-token values: over the real tokens ("exclude"), or over the whole padded row
     # ("include", as the official regression-head critic's mean takes in its left padding)
     c.loss.reward_padding = "exclude"
+    # SFT: the mean of each example's token-mean NLL ("sequence", the official RFT's), or the mean over all the batch's
+    # tokens ("token", HF's causal-LM loss: a long response weighs its length, so a scripted mix of short and long
+    # replies keeps its proportions)
+    c.loss.sft_mean = "sequence"
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 2e-7

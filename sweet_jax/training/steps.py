@@ -44,6 +44,7 @@ MODEL_INPUTS = ("tokens", "positions", "segment_ids", "gather_pos", "gather_scor
 PACKED_INPUTS = ("branch_ids", "gather_src")  # present in packed pair batches only
 IMAGE_INPUTS = ("pixels", "patch_positions", "patch_segments")  # per-row images (`models.qwen2_vl.Images`)
 REWARD_PADDING = ("exclude", "include")
+SFT_MEANS = ("sequence", "token")
 
 
 def model_inputs(batch: dict) -> dict:
@@ -89,10 +90,17 @@ def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, los
         raise ValueError(f"batches with images train the reward objective only, not {objective!r}")
     if objective == "sft":
         loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk), batch["gather_score"])
+        sft_mean = (loss_cfg or {}).get("sft_mean", "sequence")
+        if sft_mean not in SFT_MEANS:
+            raise ValueError(f"loss.sft_mean must be one of {SFT_MEANS}, got {sft_mean!r}")
+        w = None
         if "example_mask" in batch:  # rows of several examples: the mean over the examples they hold
             if not reduce:
                 raise ValueError("per-example metrics need the plain layout (packed rows hold several examples)")
             w = batch["example_mask"].astype(jnp.float32)
+        if reduce and sft_mean == "token":  # each example weighs its token count: the mean over the batch's tokens
+            w = metrics["tokens"] * (1.0 if w is None else w)
+        if w is not None:
             n = jnp.maximum(w.sum(), 1.0)
             return (loss * w).sum() / n, jax.tree.map(lambda v: (v * w).sum() / n, metrics)
     elif objective in SCORE_HEAD:
