@@ -84,7 +84,7 @@ def test_every_command_gives_the_same_error_for_a_misspelt_flag():
 
 
 def test_a_missing_subcommand_or_required_flag_is_a_one_line_error():
-    for args, msg in ((["best_of_n"], "unknown or missing subcommand: expected one of sample, rank, pairs, evaluate"),
+    for args, msg in ((["best_of_n"], "unknown or missing subcommand: expected one of sample, rank, rank_vision, pairs, evaluate"),
                       (["best_of_n", "pairs", "--input", "x"], "--output"),
                       (["train"], "--config is required")):
         proc = subprocess.run([sys.executable, "-m", f"sweet_jax.{args[0]}", *args[1:]], cwd=ROOT,

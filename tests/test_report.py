@@ -112,3 +112,45 @@ def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):
     assert f"| SWEET-RL | 60.0 | 80.0 | 70.0 | {lo:.1f}-{hi:.1f} |" in md
     assert "| random, N=1 | 50.0 | 60.0 | 55.0 |" in md
     assert all((tmp_path / f"seed{i}" / "report" / "report.md").exists() for i in range(2))
+
+
+def _frontend_run(run, zero_shot, sweet, bon=None):
+    """A frontend run directory: per-task rewards (two rollouts each) of the zero-shot and SWEET evaluations."""
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task_type": "frontend"}))
+    _marker(run, "data", {"source": "SYNTHETIC design domain (not ColBench)", "trajectories": 4})
+    (run / "eval").mkdir()
+    for stage, rewards in (("test_zero_shot", zero_shot), ("test", sweet)):
+        recs = [{"task": {"problem_description": f"t{t}", "ground_truth": "<html></html>"}, "reward": r,
+                 "answer": "No answer", "dialogue_history": [{"role": "user", "content": "p"},
+                                                             {"role": "assistant", "content": "q"}]}
+                for t, pair in enumerate(rewards) for r in pair]
+        (run / "eval" / f"{stage}_trajectories.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+        _marker(run, stage, {"trajectories": len(recs)})
+    if bon:
+        (run / "eval" / "best_of_n.json").write_text(json.dumps(bon))
+
+
+def test_frontend_report_gives_similarity_win_rate_and_pools_seeds(tmp_path):
+    # task means: zero-shot 0.2, 0.5, 0.4; SWEET 0.3 (win), 0.5 (tie), 0.1 (loss) -> win rate (1 + 0.5 + 0) / 3
+    zero, sweet = [(0.1, 0.3), (0.5, 0.5), (0.4, 0.4)], [(0.2, 0.4), (0.4, 0.6), (0.1, 0.1)]
+    bon = {"similarity": {"random": {"1": 0.2, "4": 0.2}, "vision critic": {"1": 0.2, "4": 0.35}},
+           "similarity_ci": {"random": {"1": [0.1, 0.3], "4": [0.1, 0.3]},
+                             "vision critic": {"1": [0.1, 0.3], "4": [0.25, 0.45]}},
+           "episodes": {"random": {"1": 3, "4": 3}, "vision critic": {"1": 3, "4": 3}}}
+    _frontend_run(tmp_path / "a", zero, sweet, bon)
+    text = open(report.write_report(str(tmp_path / "a"))).read()
+    sims = [x for pair in sweet for x in pair]
+    lo, hi = report.normal_interval(sims)
+    sd = np.std(sims, ddof=1)
+    assert (lo, hi) == pytest.approx((np.mean(sims) - 1.96 * sd / 6 ** 0.5, np.mean(sims) + 1.96 * sd / 6 ** 0.5))
+    assert f"| SWEET-RL (text critic) | {100 * np.mean(sims):.1f} | {100 * lo:.1f}-{100 * hi:.1f} | 50.0 |" in text
+    assert "| Zero-shot | 36.7 |" in text and "design domain" in text
+    assert "| vision critic | 20.0 (10-30) | 35.0 (25-45) |" in text and "Similarity x100" in text
+    assert (tmp_path / "a" / "report" / "best_of_n.png").exists()
+    # two seeds pooled: the per-(run, task) outcomes and every episode together
+    _frontend_run(tmp_path / "b", zero, [(0.9, 0.9), (0.9, 0.9), (0.9, 0.9)])
+    seeds = open(report.write_seeds_report([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path))).read()
+    pooled = sims + [0.9] * 6
+    assert f"| SWEET-RL (text critic) | {100 * np.mean(pooled):.1f} |" in seeds
+    assert f"| {100 * (1.5 + 3) / 6:.1f} |" in seeds  # run a: 1.5 of 3, run b: 3 of 3

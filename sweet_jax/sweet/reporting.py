@@ -191,6 +191,17 @@ def best_of_n_table(path: str) -> list[str]:
     return lines
 
 
+def best_of_n_section(path: str) -> list[str]:
+    """The report's best-of-N heading, caption and table, or nothing without a best-of-N result."""
+    if not os.path.exists(path):
+        return []
+    caption = ("Similarity x100 with the initial policy fixed, choosing among N candidates per turn by each critic (or "
+               "at random); 95% normal interval in brackets." if _best_of_n_metric(path) == "similarity" else
+               "Success rate (%) with the initial policy fixed, choosing among N candidates per turn; 95% Wilson "
+               "interval in brackets.")
+    return ["", "## Best-of-N selection on the test tasks (Figure 3a)", "", caption, ""] + best_of_n_table(path)
+
+
 def _first_turns(path: str, group=lambda rec: None) -> dict:
     """{group(record): the fraction of those trajectories in `path` that open with the ask domain's good question},
     the file read once; {} without the file."""
@@ -366,19 +377,16 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lines.append("| (no evaluation stage has finished) | | | | |")
     lines += _training_table(markers)
     bon = os.path.join(run_dir, "eval", "best_of_n.json")
-    if os.path.exists(bon):
-        lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
-                  "Success rate (%) with the initial policy fixed, choosing among N candidates per turn; 95% Wilson "
-                  "interval in brackets.", ""] + best_of_n_table(bon)
-        if ask:
-            curves, _ = read_best_of_n(bon)
-            n_max = max((n for points in curves.values() for n in points), key=int)
-            cells = []
-            by_selector = _first_turns(bon + ".trajectories.jsonl", lambda r: (r["selector"], str(r["n"])))
-            for sel in curves:
-                good = by_selector.get((sel, n_max))
-                cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
-            lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
+    lines += best_of_n_section(bon)
+    if ask and os.path.exists(bon):
+        curves, _ = read_best_of_n(bon)
+        n_max = max((n for points in curves.values() for n in points), key=int)
+        cells = []
+        by_selector = _first_turns(bon + ".trajectories.jsonl", lambda r: (r["selector"], str(r["n"])))
+        for sel in curves:
+            good = by_selector.get((sel, n_max))
+            cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
+        lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
     return _finish_report(out, markers, lines, plots)
 
 
@@ -428,11 +436,7 @@ def _write_frontend_report(run_dir: str, out: str, markers: dict, lines: list[st
     if not rows:
         lines.append("| (no evaluation stage has finished) | | | | | | |")
     lines += _training_table(markers)
-    bon = os.path.join(run_dir, "eval", "best_of_n.json")
-    if os.path.exists(bon):
-        lines += ["", "## Best-of-N selection on the test tasks (Figure 3a)", "",
-                  "Similarity x100 with the initial policy fixed, choosing among N candidates per turn by each critic "
-                  "(or at random); 95% normal interval in brackets.", ""] + best_of_n_table(bon)
+    lines += best_of_n_section(os.path.join(run_dir, "eval", "best_of_n.json"))
     shots = screenshots_page(run_dir, out)
     if shots:
         lines += ["", "## Sample pages", "", "The first test tasks: the target, then each method's final page with its "
