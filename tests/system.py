@@ -83,3 +83,22 @@ def start_server(model_dir, workdir, *args: str, timeout: float = 300):
             time.sleep(0.5)
     proc.kill()
     raise AssertionError(f"the server did not answer /health within {timeout:.0f} s: {open(log_path).read()[-3000:]}")
+
+
+def run_then_kill(cmd: list[str], partial, lines: int, timeout: float, what: str) -> None:
+    """Start `cmd` (a pipeline, in its own process group) and SIGKILL the group once the partial file `partial` holds
+    `lines` finished lines; fails if the command ends first."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if partial.exists() and partial.read_text().count("\n") >= lines:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, f"the pipeline ended before it could be killed {what}"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -5,13 +5,11 @@ the screenshots page. What is tested is the running and resuming of every stage,
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from system import needs_renderer
+from system import needs_renderer, run_then_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "sweet_frontend_tiny.py")
@@ -36,17 +34,8 @@ STAGES = ("init", "tasks", "pretrain", "data", "gt_pairs", "critic", "vision_ini
 def test_the_frontend_pipeline_resumes_after_a_kill_with_nothing_redone(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     partial = run / "bon" / "ranked_vision.jsonl.partial"
-    deadline = time.time() + 1500
-    while time.time() < deadline and proc.poll() is None:
-        if partial.exists() and partial.read_text().count("\n") >= 1:
-            break
-        time.sleep(0.5)
-    assert proc.poll() is None, "the pipeline ended before it could be killed mid-ranking"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    run_then_kill(cmd, partial, 1, 1500, "mid-ranking")
     assert not (run / "stages" / "rank_vision.json").exists()
     finished = sorted(p.stem for p in (run / "stages").glob("*.json"))
     assert {"init", "tasks", "pretrain", "data", "vision_pairs", "critic_vision", "sample"} <= set(finished)

@@ -75,22 +75,12 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     """The tiny pipeline (ask domain, fewer tasks), killed (SIGKILL to the driver and its job) while sampling
     candidates, then rerun: the finished stages are not redone, sampling resumes from its partial file with one
     record per state, and every stage completes."""
-    import signal
-    import time
+    from system import run_then_kill
 
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
-    proc = subprocess.Popen(cmd + ["--until", "test"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     partial = run / "bon" / "sampled.jsonl.partial"
-    deadline = time.time() + 1200
-    while time.time() < deadline and proc.poll() is None:
-        if partial.exists() and partial.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.5)
-    assert proc.poll() is None, "the pipeline ended before it could be killed mid-sampling"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    run_then_kill(cmd + ["--until", "test"], partial, 2, 1200, "mid-sampling")
     assert not (run / "stages" / "sample.json").exists()
     # what had finished when the kill came (with jobs=2 the critics may still have been training beside the sampler)
     finished = sorted(p.stem for p in (run / "stages").glob("*.json"))

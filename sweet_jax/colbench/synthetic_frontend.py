@@ -37,6 +37,7 @@ import os
 import random
 
 from sweet_jax.colbench.env import ANSWER_MARKER, FrontendEpisode
+from sweet_jax.colbench.html import extract_html
 from sweet_jax.files.jsonl import write_jsonl
 
 # Tailwind 2.2.19's default palette: the backgrounds are its 100 shades, the cards its 500 shades
@@ -171,8 +172,6 @@ def answer_output(design: Design) -> str:
 
 def opens_with_draft(record: dict) -> bool:
     """Whether a trajectory record's first agent turn shows a page (the move that gets the details told)."""
-    from sweet_jax.colbench.html import extract_html
-
     first = next((m for m in record["dialogue_history"] if m["role"] == "assistant"), None)
     return first is not None and extract_html(first["content"]) is not None and ANSWER_MARKER not in first["content"]
 

@@ -23,6 +23,7 @@ import os
 
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_file, write_text
+from sweet_jax.files.jsonl import read_jsonl
 
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
@@ -227,11 +228,6 @@ def normal_interval(values: list[float], z: float = 1.96) -> tuple[float, float]
     return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
 
 
-def _scored(path: str) -> list[dict]:
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def _per_task(records: list[dict]) -> dict[str, float]:
     """{task: its rollouts' mean reward}."""
     from sweet_jax.data.trajectories import task_key
@@ -273,12 +269,12 @@ def frontend_rows(run_dirs: list[str]) -> dict[str, FrontendRow]:
     rows: dict[str, FrontendRow] = {}
     for d in run_dirs:
         base_path = os.path.join(d, "eval", f"{BASELINE}_trajectories.jsonl")
-        base = _per_task(_scored(base_path)) if os.path.exists(base_path) else None
+        base = _per_task(read_jsonl(base_path)) if os.path.exists(base_path) else None
         for stage in FRONTEND_METHODS:
             path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
             if not os.path.exists(path):
                 continue
-            records = _scored(path)
+            records = read_jsonl(path)
             row = rows.setdefault(stage, FrontendRow([], []))
             row.similarities += [float(r["reward"]) for r in records]
             row.drafts += sum(opens_with_draft(r) for r in records)
@@ -303,7 +299,7 @@ def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
                if os.path.exists(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))]
     if not columns:
         return []
-    per_method = {stage: _scored(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))[:tasks]
+    per_method = {stage: read_jsonl(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))[:tasks]
                   for stage, _ in columns}
     first = per_method[columns[0][0]]
     images_dir = os.path.join(run_dir, "eval", f"{columns[0][0]}_trajectories.jsonl.images")
@@ -462,7 +458,7 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
         episodes: dict[tuple[str, int], list[float]] = {}
         for d in runs:
             path = os.path.join(d, "eval", "best_of_n.json.trajectories.jsonl")
-            for rec in _scored(path) if os.path.exists(path) else []:
+            for rec in read_jsonl(path) if os.path.exists(path) else []:
                 episodes.setdefault((rec["selector"], int(rec["n"])), []).append(float(rec["reward"]))
         if episodes:
             lines += ["", "## Best-of-N on the test tasks (similarity x100, every episode of every run pooled)", "",

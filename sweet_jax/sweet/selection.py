@@ -188,7 +188,7 @@ def evaluate(s: SelectionSettings) -> dict:
         return BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt)
 
     def judge_state(name: str, rec: dict, episode: Episode, where: str) -> list[float]:
-        if frontend and name in judges and judge_kw[name]["kind"] == "vision":
+        if judge_kw[name]["kind"] == "vision":
             return judges[name](episode.task["ground_truth"], episode.history, rec["candidates"], where=where)
         return judges[name](rec["prompt"], episode.task["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
                             where=where)

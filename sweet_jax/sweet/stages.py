@@ -323,20 +323,26 @@ def _rewards(path: str, frontend: bool = False) -> dict:
             "success": sum(r >= 1.0 for r in rewards) / n}
 
 
-def stage_init(run: Run) -> dict:
-    if run.cfg.policy_init:
-        return {"policy_init": run.cfg.policy_init}
+def _random_init(run: Run, stage: str, init) -> str:
+    """A random-init model written by `python -m sweet_jax.random_init` to RUN/<stage>/hf, from an `init` section
+    (preset, seed, std, overrides, head_from_embed)."""
     import ml_collections
 
     from sweet_jax.models.random_weights import RandomInitSettings
 
-    i = run.cfg.init
-    overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
-    out = run.path("init", "hf")
-    run.job("init", "random_init", RandomInitSettings(output=out, seed=i.seed, std=i.std,
-                                                      overrides=json.dumps(overrides),
-                                                      head_from_embed=bool(i.head_from_embed)))
-    return {"policy_init": out, "random_init": True}
+    overrides = init.overrides.to_dict() if isinstance(init.overrides, ml_collections.ConfigDict) else dict(
+        init.overrides)
+    out = run.path(stage, "hf")
+    run.job(stage, "random_init", RandomInitSettings(
+        output=out, preset=init.get("preset", "tiny"), seed=init.seed, std=init.std, overrides=json.dumps(overrides),
+        head_from_embed=bool(init.get("head_from_embed", False))))
+    return out
+
+
+def stage_init(run: Run) -> dict:
+    if run.cfg.policy_init:
+        return {"policy_init": run.cfg.policy_init}
+    return {"policy_init": _random_init(run, "init", run.cfg.init), "random_init": True}
 
 
 def stage_tasks(run: Run) -> dict:
@@ -419,15 +425,7 @@ def stage_vision_init(run: Run) -> dict:
     v = run.cfg.vision
     if v.get("critic_init"):
         return {"critic_init": v.critic_init}
-    import ml_collections
-
-    from sweet_jax.models.random_weights import RandomInitSettings
-
-    i = v.init
-    overrides = i.overrides.to_dict() if isinstance(i.overrides, ml_collections.ConfigDict) else dict(i.overrides)
-    run.job("vision_init", "random_init", RandomInitSettings(output=run.path("vision_init", "hf"), preset=i.preset,
-                                                             seed=i.seed, std=i.std, overrides=json.dumps(overrides)))
-    return {"critic_init": run.path("vision_init", "hf"), "random_init": True}
+    return {"critic_init": _random_init(run, "vision_init", v.init), "random_init": True}
 
 
 def stage_vision_pairs(run: Run) -> dict:

@@ -34,10 +34,16 @@ from sweet_jax.cli.app import flag
 from sweet_jax.colbench.env import split_output
 from sweet_jax.colbench.html import extract_html
 from sweet_jax.colbench.prompts import render_dialogue
+from sweet_jax.sweet.candidates import DTYPES
 
 TARGET_CAPTION = "The page the human wants:"
 DIALOGUE_CAPTION = "The conversation so far:\n"
 PAGE_CAPTION = "The page after this reply:"
+
+
+def reply_page(reply: str) -> str | None:
+    """The HTML a reply gives, as the frontend episode finds it (after OUTPUT:), or None."""
+    return extract_html(split_output(reply)[0])
 
 
 def critic_messages(target: str | None, history: list[dict], page: str, reply: str) -> list[dict]:
@@ -69,10 +75,8 @@ def image_pair_records(trajectories, images_dir: str, relative_to: str, min_gap:
         target = os.path.join(images_dir, page_hash(t.task["ground_truth"]) + ".png") if with_target else None
         return {"messages": critic_messages(rel(target) if target else None, history, rel(page), last["output"])}
 
-    records = []
-    for p in gap_pairs(trajectories, min_gap):
-        records.append({"task": p.chosen.task_key, "chosen": side(p.chosen), "rejected": side(p.rejected)})
-    return records
+    return [{"task": p.chosen.task_key, "chosen": side(p.chosen), "rejected": side(p.rejected)}
+            for p in gap_pairs(trajectories, min_gap)]
 
 
 PAPER_MIN_PIXELS, PAPER_MAX_PIXELS = 16 * 28 * 28, 64 * 28 * 28  # the official critic's image sizes
@@ -90,7 +94,7 @@ class RankVisionSettings:
     min_pixels: int = flag(PAPER_MIN_PIXELS, help="images are resized to at least this many pixels")
     max_pixels: int = flag(PAPER_MAX_PIXELS, help="... and at most this many")
     max_len: int = flag(4096, help="tokens of one scored chat, images included, at most")
-    dtype: str = flag("float32", help="compute dtype", choices=("float32", "bfloat16"))
+    dtype: str = flag("float32", help="compute dtype", choices=DTYPES)
 
 
 class VisionJudge:
@@ -127,12 +131,12 @@ class VisionJudge:
 
     def pages(self, history: list[dict], replies: list[str]) -> list[str]:
         """The screenshot each reply leaves (see the module docstring), rendering what is new."""
-        earlier = [extract_html(m["content"]) for m in history if m.get("role") == "assistant"]
-        own = [extract_html(split_output(r)[0]) for r in replies]
-        shots = self.cache.screenshots([p for p in earlier if p is not None] + own)
-        before = [s for s, p in zip(shots, [p for p in earlier if p is not None]) if not self.cache.failed(p)]
-        standing = before[-1] if before else self.cache.no_answer
-        return [standing if html is None else shot for html, shot in zip(own, shots[len(shots) - len(own):])]
+        earlier = [p for p in (extract_html(m["content"]) for m in history if m.get("role") == "assistant") if p]
+        own = [reply_page(r) for r in replies]
+        shots = self.cache.screenshots(earlier + own)
+        rendered = [shot for shot, p in zip(shots, earlier) if not self.cache.failed(p)]
+        standing = rendered[-1] if rendered else self.cache.no_answer
+        return [standing if html is None else shot for html, shot in zip(own, shots[len(earlier):])]
 
     def __call__(self, target_html: str, history: list[dict], replies: list[str], where: str = "") -> list[float]:
         import numpy as np
@@ -141,6 +145,7 @@ class VisionJudge:
         from sweet_jax.training.image_pairs import chat_example, image_arrays
 
         target = self.cache.screenshot(target_html) if self.with_target else None
+        # the screenshots are absolute paths, so any base folder resolves them
         rows = [chat_example(critic_messages(target, history, page, reply), where, f"candidate {k}", "/",
                              self.builder, self.cfg, self.images)
                 for k, (page, reply) in enumerate(zip(self.pages(history, replies), replies))]
@@ -167,8 +172,8 @@ def rank_vision(s: RankVisionSettings, renderer_factory=None) -> dict:
     with RenderCache(s.renders or s.output + ".images", workers=s.render_workers,
                      renderer_factory=renderer_factory) as cache:
         todo = share.todo()
-        pages = [p for i in todo for p in [records[i]["ground_truth"], *(
-            extract_html(split_output(c)[0]) for c in records[i]["additional_outputs"])] if p is not None]
+        pages = [p for i in todo for p in [records[i]["ground_truth"], *map(reply_page,
+                                                                              records[i]["additional_outputs"])] if p]
         cache.screenshots(pages)  # every page at once, on all the renderers
         judge = VisionJudge(s.critic, cache, with_target=not s.no_target, min_pixels=s.min_pixels,
                             max_pixels=s.max_pixels, max_len=s.max_len, dtype=s.dtype)
