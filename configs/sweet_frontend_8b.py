@@ -46,7 +46,9 @@ def get_config():
                                                            sample="", rank="", reference=""))
     c.gt_pairs = ml_collections.ConfigDict(dict(min_gap=0.1))
     frontend_epochs = "train.epochs=8"  # Table 5's frontend critic, RFT and multi-turn DPO
-    text_pairs = ("data.kind=text_pairs", "data.max_len=16384")
+    # ten turns of full pages: 16384 tokens, which the 8B text critic fits on 8 x 80 GB with the qkv_proj remat
+    # (`plan`: 62 GiB per device; 126 GiB with the critic recipe's dots_no_batch at this length)
+    text_pairs = ("data.kind=text_pairs", "data.max_len=16384", "model.remat_policy=qkv_proj")
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=(*text_pairs, frontend_epochs)))
     c.critic_no_info = ml_collections.ConfigDict(dict(overrides=()))
     c.vision = ml_collections.ConfigDict(dict(
@@ -54,7 +56,10 @@ def get_config():
         # a side longer than the 7B plan's 8192 tokens (a long dialogue) is skipped and counted: images are never cut
         critic=dict(config="configs/vlm_critic_7b.py", overrides=("data.on_error=skip",))))
     c.critic_vision = ml_collections.ConfigDict(dict(overrides=()))
-    c.best_of_n_eval.enabled = False  # the frontend best-of-N evaluation is not implemented yet
+    c.critic_vision_no_target = ml_collections.ConfigDict(dict(overrides=()))  # the ablation: no target screenshot
+    # Figure 3a: best-of-N with the text and vision critics and their ablations (without the reference HTML, without
+    # the target screenshot), the policy fixed
+    c.best_of_n_eval.enabled = True
     c.rft = ml_collections.ConfigDict(dict(config="configs/rft_8b.py", overrides=(
         frontend_epochs, "data.min_best_reward=0.9", "data.max_len=16384")))
     c.mtdpo = ml_collections.ConfigDict(dict(config="configs/mtdpo_8b.py", overrides=(*text_pairs, frontend_epochs)))

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from sweet_jax.sweet.stages import ABLATIONS
+
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 # objective, lr, beta, NLL coef, batch, epochs, max_len, score reduction
@@ -41,6 +43,9 @@ def test_all_configs_load():
                     # frontend: the same recipes with Table 5's frontend epochs (8; the actor 1) on the pair files
                     assert not c[stage].overrides or (frontend and (stage == "policy") != (
                         "train.epochs=8" in c[stage].overrides))
+            # the critic ablations the best-of-N evaluation trains (best_of_n_eval.enabled) read their own overrides
+            ablations = ("critic_no_info", "critic_vision_no_target") if frontend else ABLATIONS
+            assert all(isinstance(c[a].overrides, tuple) for a in ablations), n
             if n.endswith(("_8b", "_70b")):
                 assert (c.collect.rollouts, c.collect.max_steps, c.best_of_n.n, c.best_of_n.data_fraction,
                         c.pairs.num_pairs, c.collect.agent_max_tokens, c.best_of_n.max_tokens) == (

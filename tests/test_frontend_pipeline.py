@@ -23,7 +23,10 @@ SMALL = ["--config.tasks.num_train=24", "--config.tasks.num_test=3", "--config.c
          f"--config.critic_vision.overrides=('train.epochs=1',{PAIR_BATCH})",
          f"--config.mtdpo.overrides=('optim.freeze=embed,lm_head','loss.nll_coef=1.0','data.kind=text_pairs',"
          f"'data.max_len=1024',{PAIR_BATCH})",
-         "--config.rft.overrides=('optim.freeze=embed,lm_head','data.max_len=1024','data.min_best_reward=0.0')"]
+         "--config.rft.overrides=('optim.freeze=embed,lm_head','data.max_len=1024','data.min_best_reward=0.0')",
+         # the best-of-N evaluation and the critic ablations it trains: `best_of_n evaluate --task_type frontend` is
+         # tested in test_vision_critic.py, and its config sections in test_configs.py
+         "--config.best_of_n_eval.enabled=False"]
 STAGES = ("init", "tasks", "pretrain", "data", "gt_pairs", "critic", "vision_init", "vision_pairs", "critic_vision",
           "sample", "rank", "rank_vision", "pairs", "policy", "policy_vision", "test", "test_vision",
           "test_zero_shot", "rft", "test_rft", "mtdpo", "test_mtdpo", "report")
