@@ -48,8 +48,12 @@ def get_config():
     c.best_of_n.update(max_tokens=96)
     text_pairs = ("data.kind=text_pairs", "data.max_len=1024")
     # The text critic scores the final answer of each side (the tiny critic's span): all the agent's turns in the
-    # dialogue cost 5 times as long per step (282 s for one epoch of 454 pairs) for the same held-out accuracy
-    c.critic.overrides = (*text_pairs, "train.epochs=1", "train.eval_every=20", "optim.freeze=embed,lm_head")
+    # dialogue cost 5 times as long per step (282 s for one epoch of 454 pairs) for the same held-out accuracy.
+    # NLL weight 1.0 on the chosen answer (the recipe's is 0.01, the tiny DPO jobs' 1.0): without it the pairwise
+    # loss drove every page's log-prob down together (chosen NLL 0.13 -> 6.5 in one epoch), and the ranking then put
+    # any question, which the critic never trained on, above every page (mean advantage -0.08 against -1.1 to -1.4)
+    c.critic.overrides = (*text_pairs, "train.epochs=1", "train.eval_every=20", "optim.freeze=embed,lm_head",
+                          "loss.nll_coef=1.0")
     c.policy.overrides = (*c.policy.overrides, "data.max_len=1024")
     # The vision-language critic (`sweet_jax.sweet.vision_critic`): a random-init tiny Qwen2-VL with the Llama-3
     # tokenizer given Qwen2-VL's special tokens (critic_init: an HF directory instead), trained on the image pairs
