@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import budget
 import pytest
 from absl import flags
 
@@ -77,10 +78,31 @@ def test_every_command_gives_the_same_error_for_a_misspelt_flag():
     procs = [subprocess.Popen([sys.executable, "-m", f"sweet_jax.{cmd[0]}", *cmd[1:], "--no-such-flag=1"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in COMMANDS]
     for cmd, proc in zip(COMMANDS, procs):
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=budget.time_left())
         assert proc.returncode == 2, (cmd, err[-2000:])
         assert err.strip().splitlines()[-1] == "error: bad command line: Unknown command line flag 'no_such_flag'", \
             (cmd, err[-2000:])
+
+
+def test_every_config_command_names_a_misspelt_field_and_the_closest_known_ones():
+    cases = [(["train", "--config", "configs/critic_tiny.py", "--config.run_dir=/tmp/x"],
+              "unknown config field 'run_dir' (--config.run_dir) in configs/critic_tiny.py; "
+              "the closest known fields: train.output_dir"),
+             (["plan", "--config=configs/critic_8b.py", "--config.optim.lrr=1"],
+              "unknown config field 'optim.lrr' (--config.optim.lrr) in configs/critic_8b.py; "
+              "the closest known fields: optim.lr,"),
+             (["collect", "--config", "configs/collect_backend.py", "--config.agent.modle=x"],
+              "unknown config field 'agent.modle' (--config.agent.modle) in configs/collect_backend.py; "
+              "the closest known fields: agent.model,"),
+             (["pipeline", "--config", "configs/sweet_backend_tiny.py", "--config.trian.overrides=()"],
+              "unknown config field 'trian.overrides' (--config.trian.overrides) in configs/sweet_backend_tiny.py; "
+              "the closest known fields: ")]
+    procs = [subprocess.Popen([sys.executable, "-m", f"sweet_jax.{args[0]}", *args[1:]], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args, _ in cases]
+    for (args, msg), proc in zip(cases, procs):
+        out, err = proc.communicate(timeout=budget.time_left())
+        assert proc.returncode == 2, (args, err[-2000:])
+        assert err.strip().splitlines()[-1].startswith("error: bad command line: " + msg), (args, err[-2000:])
 
 
 def test_a_missing_subcommand_or_required_flag_is_a_one_line_error():
@@ -88,7 +110,7 @@ def test_a_missing_subcommand_or_required_flag_is_a_one_line_error():
                       (["best_of_n", "pairs", "--input", "x"], "--output"),
                       (["train"], "--config is required")):
         proc = subprocess.run([sys.executable, "-m", f"sweet_jax.{args[0]}", *args[1:]], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=budget.time_left())
         assert proc.returncode == 2 and "error: bad command line:" in proc.stderr and msg in proc.stderr, \
             (args, proc.stderr[-2000:])
 
@@ -102,7 +124,7 @@ def test_flags_spelt_with_dashes_run_a_real_subcommand(tmp_path):
     ranked = write_jsonl(tmp_path / "ranked.jsonl", synthetic.make_ranked_records(3, seed=0))
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.best_of_n", "pairs", "--input", ranked, "--output",
                            str(tmp_path / "pairs.jsonl"), "--num-pairs", "2", "--no-prompt"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"states": 3, "pairs": 6}
     rows = [json.loads(line) for line in open(tmp_path / "pairs.jsonl")]

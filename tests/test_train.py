@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import budget
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -29,8 +30,9 @@ def _cmd(config, out, *extra):
             f"--config.train.output_dir={out}", *SMALL, *extra]
 
 
-def _run(config, out, *extra, timeout=600):
-    return subprocess.run(_cmd(config, out, *extra), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _run(config, out, *extra):
+    return subprocess.run(_cmd(config, out, *extra), cwd=ROOT, capture_output=True, text=True,
+                          timeout=budget.time_left())
 
 
 def _hf_tensors(run_dir):
@@ -102,7 +104,7 @@ def test_objectives_train_and_export(tmp_path, config, extra):
 def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": {}, "dialogue_history": [{"role": "user", "content": "hi"}], "reward": 1}\n')
-    proc = _run("critic_tiny.py", tmp_path / "run", f"--config.data.path={bad}", timeout=300)
+    proc = _run("critic_tiny.py", tmp_path / "run", f"--config.data.path={bad}")
     assert proc.returncode == 2
     assert f"{bad}:1: field 'dialogue_history[0].role'" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.json").exists()
@@ -110,9 +112,9 @@ def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
 
 def test_resuming_into_a_checkpoint_of_another_training_state_is_a_clear_error(tmp_path):
     out = tmp_path / "run"
-    first = _run("critic_tiny.py", out, "--config.train.epochs=1", timeout=300)
+    first = _run("critic_tiny.py", out, "--config.train.epochs=1")
     assert first.returncode == 0, first.stderr[-3000:]
-    again = _run("critic_tiny.py", out, "--config.train.epochs=1", "--config.optim.freeze=", timeout=300)
+    again = _run("critic_tiny.py", out, "--config.train.epochs=1", "--config.optim.freeze=")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert f"{out / 'checkpoints'}: the checkpoint at step" in again.stderr and "optim.freeze" in again.stderr
 
@@ -120,16 +122,17 @@ def test_resuming_into_a_checkpoint_of_another_training_state_is_a_clear_error(t
 def test_missing_model_says_what_to_download(tmp_path):
     cmd = [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", "critic_8b.py"),
            f"--config.train.output_dir={tmp_path / 'run'}", f"--config.model.hf_path={tmp_path / 'nope'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "meta-llama/Llama-3.1-8B-Instruct" in proc.stderr and "--config.model.hf_path" in proc.stderr
 
 
 def test_misspelt_override_is_one_clear_line(tmp_path):
-    proc = _run("critic_tiny.py", tmp_path / "run", "--config.optim.lrr=1e-6", timeout=120)
+    proc = _run("critic_tiny.py", tmp_path / "run", "--config.optim.lrr=1e-6")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert "error: bad command line: 'lrr' Did you mean \"lr\"" in proc.stderr
+    assert ("error: bad command line: unknown config field 'optim.lrr' (--config.optim.lrr) in "
+            f"{os.path.join(ROOT, 'configs', 'critic_tiny.py')}; the closest known fields: optim.lr,") in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -181,7 +184,7 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     eight = subprocess.run(_cmd("critic_tiny.py", tmp_path / "eight", *mesh_args, "--config.mesh.data=2",
                                 "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
-                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+                           cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left(), env=env)
     assert eight.returncode == 0, eight.stderr[-3000:]
     assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} on 8 cpu device(s)" in eight.stderr
     a = json.loads((tmp_path / "one" / "metrics.json").read_text())
@@ -208,13 +211,13 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
     assert max(float(np.abs(ta[k] - tc[k]).max()) for k in ta) <= 1e-4
 
     bad = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, env=env)  # fsdp=-1: 8 batch shards
+                         capture_output=True, text=True, timeout=budget.time_left(), env=env)  # fsdp=-1: 8 batch shards
     assert bad.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 8, so that its 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
         in bad.stderr, bad.stderr[-2000:]  # packed pairs: one row each
     plain = subprocess.run(_cmd("critic_tiny.py", tmp_path / "bad", "--config.optim.micro_batch_size=2",
                                 "--config.data.pack_pairs=False"), cwd=ROOT, capture_output=True, text=True,
-                           timeout=300, env=env)
+                           timeout=budget.time_left(), env=env)
     assert plain.returncode == 2 and "optim.micro_batch_size=2 must be a multiple of 4, so that its 2 x 2 sequences split over the mesh's batch shards (data x fsdp = 8)" \
         in plain.stderr, plain.stderr[-2000:]
-    few = _run("critic_tiny.py", tmp_path / "few", "--config.mesh.fsdp=4", timeout=300)
+    few = _run("critic_tiny.py", tmp_path / "few", "--config.mesh.fsdp=4")
     assert few.returncode == 2 and "mesh {'data': 1, 'fsdp': 4, 'tensor': 1} needs 4 devices, have 1" in few.stderr

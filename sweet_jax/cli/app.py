@@ -167,10 +167,59 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-        msg = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
-        if isinstance(e, AttributeError):  # ml_collections: "'key'\nDid you mean ...", wrapped in a repr
-            msg = msg.strip("'").replace("\\n", " ").replace("\\'", "'")
+        msg = _unknown_config_field(argv)
+        if msg is None:
+            msg = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
+            if isinstance(e, AttributeError):  # ml_collections: "'key'\nDid you mean ...", wrapped in a repr
+                msg = msg.strip("'").replace("\\n", " ").replace("\\'", "'")
         _bad_command_line(msg)
+
+
+def _unknown_config_field(argv: list[str], name: str = "config") -> str | None:
+    """For a `--config.a.b=v` override that names no field of the job config: the message that says so and lists
+    the config's closest fields; None when every override names a field (the error was something else)."""
+    import difflib
+
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
+    if path is None and f"--{name}" in argv[:-1]:
+        path = argv[argv.index(f"--{name}") + 1]
+    if path is None or name not in FLAGS:
+        return None
+    try:
+        config = FLAGS[name].parser.parse(path)
+    except Exception:  # noqa: BLE001 - the config file's own error is the one to report
+        return None
+    fields = dict(_config_fields(config))
+    for arg in argv[1:]:
+        m = arg.split("=", 1)[0]
+        if not m.startswith(f"--{name}.") and not m.startswith(f"--no{name}."):
+            continue
+        field = m.split(".", 1)[1]
+        if field in fields or any(f.startswith(field + ".") for f in fields) or "[" in field:
+            continue
+        leaf = field.rsplit(".", 1)[-1]
+
+        def closeness(known: str) -> float:
+            return max(difflib.SequenceMatcher(None, field, known).ratio(),
+                       difflib.SequenceMatcher(None, leaf, known.rsplit(".", 1)[-1]).ratio())
+
+        leaves = [f for f, value in fields.items() if not _is_section(value)]
+        near = sorted((f for f in leaves if closeness(f) >= 0.5), key=lambda f: (-closeness(f), f))[:3]
+        hint = f"; the closest known fields: {', '.join(near)}" if near else ""
+        return f"unknown config field {field!r} (--{name}.{field}) in {path}{hint}"
+    return None
+
+
+def _is_section(value) -> bool:
+    return hasattr(value, "items") and hasattr(value, "keys")
+
+
+def _config_fields(config, prefix: str = ""):
+    """(dotted name, value) of every field of a job config, nested sections included."""
+    for key, value in config.items():
+        yield prefix + key, value
+        if _is_section(value):
+            yield from _config_fields(value, f"{prefix}{key}.")
 
 
 def _underscored(arg: str) -> str:
