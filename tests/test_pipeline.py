@@ -5,16 +5,17 @@ import os
 import subprocess
 import sys
 
+import budget
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
 
 
-def _pipeline(run_dir, *args, timeout=1800):
+def _pipeline(run_dir, *args):
     return subprocess.run([sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG,
                            f"--config.run_dir={run_dir}", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=budget.time_left())
 
 
 SCRIPTED = ["--config.data.source=synthetic", "--config.tasks.kind=", "--config.pretrain.config=",
@@ -28,13 +29,14 @@ def test_random_init_writes_a_loadable_checkpoint_with_the_head_from_the_embeddi
                            "--std", "0.1", "--head-from-embed", "--overrides",
                            json.dumps(dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                                            num_kv_heads=1, tie_word_embeddings=False))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg, params, tok_dir = load_model(str(tmp_path / "m"), "float32")
     assert cfg.hidden_size == 32 and tok_dir  # the tokenizer travels with it
     assert (params["lm_head"] == params["embed"].T).all() and 0.09 < float(params["embed"].std()) < 0.11
     tied = subprocess.run([sys.executable, "-m", "sweet_jax.random_init", "--output", str(tmp_path / "t"),
-                           "--head-from-embed", "--overrides", '{"tie_word_embeddings": true}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--head-from-embed", "--overrides", '{"tie_word_embeddings": true}'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=budget.time_left())
     assert tied.returncode == 2 and "needs untied embeddings" in tied.stderr
 
 
@@ -197,3 +199,46 @@ def test_stage_takes_a_comma_separated_list_and_runs_those_in_pipeline_order(tmp
     assert ran == ["sample", "rank", "test_zero_shot"] and set(records) == set(ran)
     with pytest.raises(pipeline.StageError, match="unknown stage 'ranking'"):
         pipeline.run_pipeline(cfg, only="sample,ranking")
+
+
+def test_kept_servers_outlive_the_stages_pool_and_stop_without_a_restart(tmp_path):
+    """serve.keep: two stages, each in the stages' worker threads, start kept servers (the design describer, which
+    loads no model). When the stages are done and their pool has shut down, the servers are still the processes the
+    stages started (no SIGTERM from a dead launcher thread, no restart); the pipeline's close stops them, the watchdog
+    restarts nothing, and no server process is left."""
+    import time
+
+    import ml_collections
+
+    from sweet_jax.sweet import stages as pipeline
+
+    cfg = ml_collections.ConfigDict(dict(
+        run_dir=str(tmp_path / "run"), jobs=2, inference=dict(backend="describer"),
+        serve=dict(keep=True, max_model_len=256, start_timeout_s=120)))
+    run, urls = pipeline.Run(cfg), {}
+
+    def serve(name, model):
+        def go(run_):
+            with run_.served(name, model, "simulator") as url:
+                urls[name] = url
+            return {}
+        return go
+
+    stages = [pipeline.Stage("a", (), (), serve("a", "describer-a")),
+              pipeline.Stage("b", (), (), serve("b", "describer-b"))]
+    try:
+        pipeline._run_stages(run, stages, {}, force=False)  # returns once the stages' pool has shut down
+        servers = list(run._servers.values())
+        pids = [s.proc.pid for s in servers]
+        assert len(servers) == 2 and len(set(urls.values())) == 2
+        time.sleep(2.5)  # the watchdogs poll every second
+        assert all(s.proc.poll() is None for s in servers), [s.proc.returncode for s in servers]
+        assert [s.proc.pid for s in servers] == pids and all(s.restarts == 0 for s in servers)
+    finally:
+        run.close()
+    time.sleep(1.5)
+    assert all(s.restarts == 0 for s in servers) and all(s.proc.poll() is not None for s in servers)
+    logs = "".join((tmp_path / "run" / "logs" / f"{n}.serve.log").read_text() for n in "ab")
+    assert logs.count("\n$ ") == 2  # each started once
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]

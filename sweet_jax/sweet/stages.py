@@ -125,6 +125,7 @@ class Run:
         self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
+        self._launch_thread: concurrent.futures.ThreadPoolExecutor | None = None  # see `_launcher`
         # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
         # RUN/jax_cache: the stages that compile the same programs (the critic ablations, the servers and samplers of
         # one architecture) compile them once. A JAX_COMPILATION_CACHE_DIR already set wins.
@@ -257,8 +258,18 @@ class Run:
             lock = self._starting.setdefault(key, threading.Lock())
         with lock:
             if key not in self._servers:
-                self._servers[key] = self._start_server(stage, model, settings)
+                self._servers[key] = self._launcher().submit(self._start_server, stage, model, settings).result()
         yield self._servers[key].url + "/v1"
+
+    def _launcher(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that start the kept servers. A server is sent SIGTERM when the thread that started it ends
+        (`_die_with_parent`: the kernel's parent-death signal follows the thread, not the process), so a kept server
+        started by a stage's worker thread would die when the stages' pool shuts down, before `close()`, and its
+        watchdog would restart it. These threads live until `close()`."""
+        with self._lock:
+            if self._launch_thread is None:
+                self._launch_thread = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kept servers")
+            return self._launch_thread
 
     def _start_server(self, stage: str, model: str, settings):
         """A `ManagedServer` of `model` that answers /health."""
@@ -286,9 +297,13 @@ class Run:
             self._running.remove(server)
 
     def close(self) -> None:
-        """Stop the servers kept up by `serve.keep`."""
+        """Stop the servers kept up by `serve.keep`, then their launcher thread."""
         while self._servers:
             self._stop(self._servers.popitem()[1])
+        with self._lock:
+            launcher, self._launch_thread = self._launch_thread, None
+        if launcher is not None:
+            launcher.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------------- stages
