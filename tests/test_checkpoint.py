@@ -34,8 +34,9 @@ def test_restore_missing_directory(tmp_path):
 def test_save_refuses_to_overwrite_without_force(tmp_path):
     params = {"w": jnp.ones((3,))}
     orbax_params.save_params(tmp_path / "c", params)
-    with pytest.raises(Exception):
+    with pytest.raises(FileExistsError, match=f"{tmp_path / 'c'} already exists; pass force=True"):
         orbax_params.save_params(tmp_path / "c", {"w": jnp.zeros((3,))})
+    np.testing.assert_array_equal(orbax_params.restore_params(tmp_path / "c")["w"], np.ones(3))  # left as it was
     orbax_params.save_params(tmp_path / "c", {"w": jnp.zeros((3,))}, force=True)
     np.testing.assert_array_equal(orbax_params.restore_params(tmp_path / "c")["w"], np.zeros(3))
 

@@ -14,8 +14,11 @@ import orbax.checkpoint as ocp
 
 
 def save_params(path: str | os.PathLike, params, *, force: bool = False) -> None:
-    """Save a pytree of arrays to `path` (an absent directory; `force=True` overwrites). Blocks until written."""
+    """Save a pytree of arrays to `path` (an absent directory; `force=True` overwrites). Blocks until written.
+    Raises FileExistsError, and leaves the directory as it was, when `path` exists and `force` is not set."""
     path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not force:
+        raise FileExistsError(f"{path} already exists; pass force=True to overwrite it")
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(path, params, force=force)
         ckptr.wait_until_finished()
