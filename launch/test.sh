@@ -12,7 +12,7 @@ if [ "${SWEET_JAX_VLLM:-1}" != 0 ] && [ -z "${SWEET_JAX_VLLM_PYTHON:-}" ]; then
     export SWEET_JAX_VLLM_PYTHON
 fi
 VENV=${SWEET_JAX_VENV:-.venv}
-"$VENV/bin/python" -m pytest -ra --durations=15 -n "${SWEET_JAX_TEST_WORKERS:-2}" --dist worksteal "$@"
+"$VENV/bin/python" -m pytest -ra --slowest=25 -n "${SWEET_JAX_TEST_WORKERS:-2}" --dist worksteal "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests for this selection"

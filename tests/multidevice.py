@@ -9,13 +9,16 @@ import tempfile
 import textwrap
 
 
-def run_with_devices(code: str, n: int = 8, timeout: int = 600) -> str:
+def run_with_devices(code: str, n: int = 8, timeout: float | None = None) -> str:
+    """stdout of `code` run in a fresh Python with `n` fake CPU devices (timeout: what is left of the test's limit)."""
+    import budget
+
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout or budget.time_left())
     if proc.returncode:
         raise AssertionError(f"subprocess failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}")
     return proc.stdout
@@ -53,10 +56,13 @@ def multiprocess_env(n_processes: int, devices_per_process: int) -> list[dict]:
     return [dict(base, JAX_PROCESS_ID=str(i)) for i in range(n_processes)]
 
 
-def run_processes(cmd: list[str], n_processes: int = 2, devices_per_process: int = 4, timeout: int = 600,
+def run_processes(cmd: list[str], n_processes: int = 2, devices_per_process: int = 4, timeout: float | None = None,
                   cwd=None) -> list[subprocess.CompletedProcess]:
     """Run `cmd` as every process of a local multi-host job; returns their completed processes (in id order)."""
+    import budget
+
     with one_job_at_a_time():
+        timeout = timeout or budget.time_left()  # once the lock is held: waiting for it counts against the test
         procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for env in multiprocess_env(n_processes, devices_per_process)]
         out = []

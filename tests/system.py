@@ -55,7 +55,7 @@ def smollm2_dir() -> str:
     return smollm2_instruct_dir()
 
 
-def start_server(model_dir, workdir, *args: str, timeout: float = 300):
+def start_server(model_dir, workdir, *args: str, timeout: float | None = None):
     """`python -m sweet_jax.serve --model model_dir *args` on a free port, once /health answers: (process, url).
     Its log is workdir/server.log; an AssertionError shows its tail if it exits first."""
     import socket
@@ -72,6 +72,10 @@ def start_server(model_dir, workdir, *args: str, timeout: float = 300):
     proc = subprocess.Popen([sys.executable, "-m", "sweet_jax.serve", "--model", str(model_dir), "--port", str(port),
                              *args], cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    if timeout is None:
+        import budget
+
+        timeout = budget.time_left()
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -94,11 +98,17 @@ def run_then_kill(cmd: list[str], partial, lines: int, timeout: float, what: str
 
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if partial.exists() and partial.read_text().count("\n") >= lines:
-            break
-        time.sleep(0.5)
-    assert proc.poll() is None, f"the pipeline ended before it could be killed {what}"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            if partial.exists() and partial.read_text().count("\n") >= lines:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, f"the pipeline ended before it could be killed {what}"
+        assert time.time() < deadline, f"the pipeline was not yet {what} after {timeout:.0f} s"
+    finally:  # also when the test's time limit interrupts the wait: nothing it started outlives it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

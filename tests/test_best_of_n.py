@@ -7,6 +7,7 @@ import sys
 
 import jax
 import numpy as np
+import budget
 import pytest
 from system import needs_bwrap
 
@@ -20,7 +21,7 @@ CFG = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=128, n
 
 def _run(*args):
     return subprocess.run([sys.executable, "-m", "sweet_jax.best_of_n", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=budget.time_left())
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import budget
 import pytest
 from fake_openai import DRAFT_PAGE, QUESTION, SIMULATOR_REPLY, FakeOpenAI
 from system import colbench_file, needs_bwrap, needs_renderer
@@ -94,7 +95,7 @@ def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_p
         assert 40 <= lines < 200, f"killed at {lines} records; the run ended first" if proc.returncode == 0 else lines
         with open(partial, "ab") as fh:
             fh.write(b'{"task_id": 3, "rollout": 1, "dialogue_hist')  # a torn write, as a kill mid-line leaves
-        again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming:" in again.stderr
     _check_output(out, tasks, 2)

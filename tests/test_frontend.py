@@ -10,6 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+import budget
 import pytest
 from PIL import Image
 
@@ -165,7 +166,8 @@ def test_frontend_evaluator_end_to_end_with_clip_and_win_rate(renderer, tasks, t
     def run(name, *extra):
         return subprocess.run([sys.executable, "-m", "sweet_jax.evaluate", "--task-type", "frontend", "--input",
                                str(tmp_path / f"{name}.jsonl"), "--output", str(tmp_path / f"{name}.scored.jsonl"),
-                               "--clip", clip_dir, *extra], capture_output=True, text=True, timeout=600, cwd=ROOT)
+                               "--clip", clip_dir, *extra], capture_output=True, text=True,
+                              timeout=budget.time_left(), cwd=ROOT)
 
     base = run("theirs")
     assert base.returncode == 0, base.stderr[-3000:]
@@ -188,5 +190,5 @@ def test_bad_frontend_record_names_the_line(tmp_path):
     path.write_text('{"task": {"ground_truth": "<html></html>"}, "answer": "No answer"}\n{"task": {}, "answer": "x"}\n')
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.evaluate", "--task-type", "frontend", "--input",
                            str(path), "--output", str(tmp_path / "out.jsonl")], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+                          timeout=budget.time_left(), cwd=ROOT)
     assert proc.returncode == 2 and f"{path}:2: field 'task.ground_truth'" in proc.stderr

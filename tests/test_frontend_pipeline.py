@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import budget
 import pytest
 from system import needs_renderer, run_then_kill
 
@@ -48,7 +49,7 @@ def test_the_frontend_pipeline_resumes_after_a_kill_with_nothing_redone(tmp_path
     rendered = {p.name: p.stat().st_mtime_ns for p in renders.iterdir()}
     kept = partial.read_text().count("\n")
 
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert done.returncode == 0, done.stderr[-3000:]
     assert {p: (run / p).stat().st_mtime_ns for p in before} == before  # nothing redone
     for name in finished:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import budget
 from multidevice import one_job_at_a_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,10 +35,10 @@ def _env(tmp_path, **extra):
                 XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
 
 
-def _launch(script, *args, env=None, timeout=300):
+def _launch(script, *args, env=None):
     with one_job_at_a_time():
         return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
-                              text=True, timeout=timeout, env=env, cwd=ROOT)
+                              text=True, timeout=budget.time_left(), env=env, cwd=ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ TPU pod slice
@@ -115,7 +116,7 @@ def test_slurm_job_joins_every_task_into_one_job(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(proc.stdout)
     with one_job_at_a_time():
-        job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
+        job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=budget.time_left(),
                              env=_env(tmp_path, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[1-2]", SLURM_NTASKS="2"))
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     joined = sorted(line for line in job.stdout.splitlines() if line.startswith("JOINED"))

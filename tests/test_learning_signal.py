@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import budget
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +23,7 @@ def _start(out, *extra) -> subprocess.Popen:
 
 
 def _held_out_accuracy(proc: subprocess.Popen) -> float:
-    stdout, stderr = proc.communicate(timeout=900)
+    stdout, stderr = proc.communicate(timeout=budget.time_left())
     assert proc.returncode == 0, stderr[-3000:]
     return json.loads(stdout.strip().splitlines()[-1])["held_out"]["accuracy"]
 

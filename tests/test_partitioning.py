@@ -3,6 +3,7 @@
 import sys
 import textwrap
 
+import budget
 import numpy as np
 import pytest
 from multidevice import run_processes, run_with_devices
@@ -130,7 +131,7 @@ def test_each_host_builds_only_its_rows_of_a_batch():
         total = jax.jit(lambda x: x.sum(0), out_shardings=layout.replicated)(batch["tokens"])
         print("ROWS", jax.process_index(), rows.tolist(), np.asarray(total).tolist(), flush=True)
     """
-    procs = run_processes([sys.executable, "-c", textwrap.dedent(code)], timeout=300)
+    procs = run_processes([sys.executable, "-c", textwrap.dedent(code)], timeout=budget.time_left())
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     lines = sorted(line for p in procs for line in p.stdout.splitlines() if line.startswith("ROWS"))

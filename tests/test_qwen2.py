@@ -6,6 +6,7 @@ import functools
 import json
 import os
 
+import budget
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,7 +161,7 @@ def test_critic_and_dpo_jobs_train_a_tiny_qwen2_with_its_chatml_tokenizer(tmp_pa
     proc = subprocess.run(_cmd(config, tmp_path / "run", "--config.model.preset=qwen2-tiny",
                                f"--config.tokenizer_path={smollm2_dir()}", "--config.data.synthetic.num_tasks=40"),
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] > 0 and all(np.isfinite(v) for v in result["held_out"].values())

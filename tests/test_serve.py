@@ -8,6 +8,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import budget
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,7 +166,7 @@ def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_p
          "--config.max_steps=2", f"--config.agent.base_url={server['url']}/v1", "--config.agent.model=model",
          "--config.agent.max_tokens=12", f"--config.simulator.base_url={server['url']}/v1",
          "--config.simulator.model=model", "--config.simulator.max_tokens=12"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
     assert len(records) == 3
@@ -189,7 +190,7 @@ def test_a_seeded_collection_replays_the_same_conversations_at_any_concurrency(s
              f"--config.agent.base_url={server['url']}/v1", "--config.agent.model=model",
              "--config.agent.max_tokens=12", "--config.agent.temperature=1.0",
              f"--config.simulator.base_url={server['url']}/v1", "--config.simulator.model=model",
-             "--config.simulator.max_tokens=12"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+             "--config.simulator.max_tokens=12"], cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
         assert proc.returncode == 0, proc.stderr[-3000:]
         recs = [json.loads(line) for line in open(out)]
         outs.append({(r["task_id"], r["rollout"]): r["dialogue_history"] for r in recs})

@@ -7,6 +7,7 @@ import base64
 import importlib.resources
 import io
 
+import budget
 import jax
 import numpy as np
 import openai
@@ -133,7 +134,7 @@ def test_frontend_collection_uses_the_server_as_its_vision_simulator(served, tmp
          "--config.rollouts=1", "--config.max_steps=2", f"--config.agent.base_url={served['url']}/v1",
          "--config.agent.model=m", "--config.agent.max_tokens=12", f"--config.simulator.base_url={served['url']}/v1",
          "--config.simulator.model=m", "--config.simulator.max_tokens=12"],
-        cwd=root, capture_output=True, text=True, timeout=900)
+        cwd=root, capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
     assert len(records) == 3

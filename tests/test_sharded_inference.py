@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+import budget
 import pytest
 from multidevice import run_with_devices
 
@@ -82,7 +83,7 @@ for mesh in %r:
     out[mesh]["gathers"], out[mesh]["weights"] = gathers(Placement.build(mesh))
 print("RESULT" + json.dumps(out))
 """ % (MESHES,)
-    stdout = run_with_devices(code, n=8, timeout=1200)
+    stdout = run_with_devices(code, n=8)
     return json.loads(stdout.split("RESULT", 1)[1])
 
 
@@ -119,8 +120,8 @@ def _serve(model_dir, port, log, mesh=None):
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _wait(url, proc, log_path, timeout=300):
-    deadline = time.time() + timeout
+def _wait(url, proc, log_path):
+    deadline = time.time() + budget.time_left()
     while time.time() < deadline:
         try:
             urllib.request.urlopen(url + "/health", timeout=2)

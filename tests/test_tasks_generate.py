@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from fake_openai import FakeOpenAI
+import budget
 from system import needs_bwrap
 
 from sweet_jax.colbench.task_writer import parse_reply, signature
@@ -47,11 +48,11 @@ def test_generate_keeps_only_tasks_whose_ground_truth_passes_its_own_tests(tmp_p
            "--model", "fake", "--concurrency", "3"]
     with FakeOpenAI([], chat_reply=chat_reply, fault_rate=0.2, slow_s=2.0) as server:
         proc = subprocess.run(cmd + ["--base-url", server.url, "--request-timeout", "1"], capture_output=True,
-                              text=True, timeout=600, cwd=ROOT)
+                              text=True, timeout=budget.time_left(), cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"kept": 2, "rejected": 4, "skipped_done": 0}
-        again = subprocess.run(cmd + ["--base-url", server.url], capture_output=True, text=True, timeout=600,
-                               cwd=ROOT)
+        again = subprocess.run(cmd + ["--base-url", server.url], capture_output=True, text=True,
+                               timeout=budget.time_left(), cwd=ROOT)
         assert json.loads(again.stdout.strip().splitlines()[-1])["skipped_done"] == 6
     kept = load_tasks(str(out), "backend")  # the official layout, valid as a task file
     assert sorted(t["source_index"] for t in kept) == [0, 4]

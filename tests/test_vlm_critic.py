@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import budget
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -212,7 +213,7 @@ def _train(vlm_dir, out, *extra):
          "--config.data.with_info=False", "--config.optim.freeze=", "--config.data.score_span=all",
          "--config.optim.batch_size=4", "--config.optim.micro_batch_size=4", "--config.train.epochs=1",
          "--config.data.eval_fraction=0.25", "--config.train.eval_every=0", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
 
 
 def test_a_reward_critic_job_trains_on_image_pairs(vlm_dir, tmp_path):
@@ -262,7 +263,7 @@ def test_the_planned_image_batch_is_the_batch_the_trainer_collates():
 def test_plan_prints_a_row_for_the_qwen2_vl_7b_critic_on_8x80gb():
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.plan", "--config",
                            os.path.join(ROOT, "configs", "vlm_critic_7b.py"), "--mesh", "fsdp=8", "--hbm-gib", "80"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "preset qwen2-vl-7b" in proc.stdout and "verdict: FITS" in proc.stdout
     assert "objective reward" in proc.stdout

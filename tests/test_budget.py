@@ -1,0 +1,101 @@
+"""The suite's time budget (`budget.py`): every test gets a limit by its tier; a test past its limit fails with its
+name and the stacks, and the run goes on (a test where no signal is handled ends its worker, which pytest-xdist
+replaces); heavy tests start first, each worker's share of equal expected time."""
+
+import os
+import sys
+import types
+
+import budget
+
+pytest_plugins = ["pytester"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _inner(pytester, monkeypatch, *args):
+    """Run pytester's files with the budget plugin on one pytest-xdist worker, a test no signal stops ending 2 s
+    past its limit."""
+    pytester.makeini("[pytest]\nmarkers =\n    slow: heavier tests\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("SWEET_JAX_TEST_HARD_GRACE_S", "2")
+    return pytester.runpytest_subprocess("-p", "budget", "-p", "no:cacheprovider", "-n", "1", *args,
+                                         timeout=budget.time_left())
+
+
+def test_a_hanging_test_fails_at_its_limit_and_the_run_goes_on(pytester, monkeypatch):
+    pytester.makepyfile(test_inner="""
+        import time, pytest
+
+        @pytest.mark.timeout(2)
+        def test_hangs():
+            time.sleep(10_000)
+
+        def test_after():
+            assert True
+    """)
+    result = _inner(pytester, monkeypatch)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "FAILED test_inner.py::test_hangs - Failed: Timeout (>2.0s) from pytest-timeout." in out
+    assert "time.sleep(10_000)" in out  # the stack of where it hung
+
+
+def test_a_test_no_signal_can_stop_ends_its_worker_and_the_run_goes_on(pytester, monkeypatch):
+    pytester.makepyfile(test_inner="""
+        import signal, time, pytest
+
+        @pytest.mark.timeout(1)
+        def test_deaf():
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])  # as inside a C call that never returns
+            time.sleep(10_000)
+
+        def test_after():
+            assert True
+    """)
+    result = _inner(pytester, monkeypatch)
+    out = result.stdout.str() + result.stderr.str()
+    assert "test_inner.py::test_deaf is still running 2 s past its 1 s limit" in out
+    assert "time.sleep(10_000)" in out  # the stack of where it hung
+    assert "worker 'gw0' crashed while running 'test_inner.py::test_deaf'" in out
+    result.assert_outcomes(passed=1, failed=1)
+
+
+def _item(nodeid, *, slow=False, module_fixture=False):
+    fixturedefs = {"f": [types.SimpleNamespace(scope="module", baseid=nodeid.split("::")[0])]} if module_fixture \
+        else {}
+    marks = {"slow": object()} if slow else {}
+    return types.SimpleNamespace(nodeid=nodeid, get_closest_marker=marks.get,
+                                 _fixtureinfo=types.SimpleNamespace(name2fixturedefs=fixturedefs))
+
+
+def test_every_test_gets_its_tiers_limit_unless_it_sets_one():
+    fast, slow = _item("t.py::a"), _item("t.py::b", slow=True)
+    assert budget.limit_of(fast) == budget.FAST_LIMIT_S and budget.limit_of(slow) == budget.SLOW_LIMIT_S
+    own = types.SimpleNamespace(get_closest_marker=lambda name: types.SimpleNamespace(args=(7,), kwargs={})
+                                if name == "timeout" else None)
+    assert budget.limit_of(own) == 7
+
+
+def test_heavy_tests_start_each_workers_share_and_the_shares_weigh_the_same():
+    known = {"a.py::p": 600, "b.py::q": 500, "c.py::x1": 100, "c.py::x2": 100, "c.py::x3": 100}
+    items = ([_item(f"f.py::t{i}") for i in range(10)] + [_item(k) for k in ("a.py::p", "b.py::q")]
+             + [_item(f"c.py::x{i}", module_fixture=True) for i in (1, 2, 3)] + [_item("s.py::new", slow=True)])
+    order = [i.nodeid for i in budget.schedule(items, 2, known)]
+    assert sorted(order) == sorted(i.nodeid for i in items)
+    first, second = order[:len(order) // 2], order[len(order) // 2:]  # the shares worksteal hands out
+    assert first[0] == "a.py::p" and second[0] == "b.py::q"  # the two heaviest start on different workers
+    c = [order.index(f"c.py::x{i}") for i in (1, 2, 3)]
+    assert c == list(range(c[0], c[0] + 3))  # a module-fixture block stays together, in order
+    weigh = {i.nodeid: budget.expected_seconds(i, known) for i in items}
+    loads = [sum(weigh[n] for n in share) for share in (first, second)]
+    assert max(loads) <= 0.6 * sum(loads), loads  # in the collected order: 16 s against 1,476 s
+    for share in (first, second):
+        assert [weigh[n] for n in share] == sorted((weigh[n] for n in share), reverse=True)  # heaviest first
+    assert [i.nodeid for i in budget.schedule(items, 1, known)][:2] == ["a.py::p", "b.py::q"]
+
+
+def test_every_collected_test_has_a_limit(request):
+    limits = [budget.limit_of(item) for item in request.session.items]
+    assert limits and all(0 < x <= 1500 for x in limits)
+    assert all(item.get_closest_marker("timeout") is not None for item in request.session.items)
+    assert sys.modules.get("pytest_timeout") is not None  # the plugin that enforces them is loaded
