@@ -9,7 +9,6 @@ import threading
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from sweet_jax.colbench import synthetic_frontend as sf
 from sweet_jax.colbench.render import solid_png
@@ -157,16 +156,29 @@ def test_rank_vision_renders_every_page_once_and_resumes(tmp_path, vision_head):
 
 
 @pytest.mark.slow
-def test_frontend_best_of_n_plays_scores_and_resumes(tmp_path, vision_head):
-    """`best_of_n evaluate --task_type frontend`: a tiny random policy on design tasks, the describer served as the
-    simulated human, a text critic and the vision critic (with and without the target) as judges. Every episode is
-    scored by its page's similarity to the target's, and every state keeps each judge's scores."""
+def test_frontend_best_of_n_picks_the_judges_best_scores_its_pages_and_resumes_after_a_kill(tmp_path, vision_head,
+                                                                                          monkeypatch):
+    """`best_of_n evaluate --task_type frontend`: a tiny random policy on design tasks whose second candidate at every
+    state is replaced by a page of the design domain (a random policy writes none), the describer served as the
+    simulated human, a text critic and the vision critic (with and without the target) as judges.
+    - Every turn of a judge's episode takes the highest-scored of its state's first N candidates (random: the first),
+      and every state keeps each judge's scores.
+    - Every episode's reward is its own final page's similarity to its own task's target page.
+    - After a kill (the cache holding the first half of its records and a torn line), the same command samples only
+      the states it had not kept and writes the same table and episodes."""
+    import dataclasses
+    import hashlib
     import random
     import socket
 
     import jax
 
+    from sweet_jax.chat import load_tokenizer
+    from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
+
     from sweet_jax import models
+    from sweet_jax.colbench.similarity import Similarity
+    from sweet_jax.inference import scheduler
     from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
     from system import renderer_missing
 
@@ -179,34 +191,82 @@ def test_frontend_best_of_n_plays_scores_and_resumes(tmp_path, vision_head):
                                     num_kv_heads=2)
     models.save_hf_params(models.init_params(cfg, jax.random.key(0), std=0.1), cfg, tmp_path / "policy")
     rng = random.Random(0)
-    write_jsonl(tmp_path / "tasks.jsonl", [sf.make_design_task(rng, f"t{i}") for i in range(2)])
+    tasks = [sf.make_design_task(rng, f"t{i}") for i in range(2)]
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = server_command(BackendSettings(backend="describer"), "design-describer", port, __import__("sys").executable)
     server = ManagedServer(cmd, port, str(tmp_path / "describer.log"), start_timeout_s=60, what="describer").start()
+    out = tmp_path / "bon.json"
+    sampled = []  # the prompts each run samples candidates for
+    generate, tok = scheduler.generate, load_tokenizer(bundled_llama3_tokenizer_dir())
+
+    def page_of(prompt: list[int]) -> str:  # a design drawn from the state: the same in a resumed run
+        return sf.page_html(sf.random_design(random.Random(hashlib.sha256(str(prompt).encode()).hexdigest()),
+                                             tasks[0]["ground_truth"].split("<h1>")[1].split("</h1>")[0]))
+
+    def scripted_generate(params, cfg, prompts, *args, **kw):
+        sampled.extend(prompts)
+        results = generate(params, cfg, prompts, *args, **kw)
+        return [[samples[0], dataclasses.replace(samples[1], tokens=tok.encode(page_of(p), add_special_tokens=False))]
+                for p, samples in zip(prompts, results)]
+
+    monkeypatch.setattr(scheduler, "generate", scripted_generate)
     try:
         judge = selection.judge_spec
         settings = selection.SelectionSettings(
             policy=str(tmp_path / "policy"), simulator="design-describer", tasks=str(tmp_path / "tasks.jsonl"),
-            task_type="frontend", simulator_url=server.url + "/v1", output=str(tmp_path / "bon.json"), ns="1,2",
+            task_type="frontend", simulator_url=server.url + "/v1", output=str(out), ns="1,2",
             max_steps=2, max_tokens=6, simulator_max_tokens=32, judge=[
                 judge("text critic", str(tmp_path / "policy"), "critic"),
                 judge("vision critic", vision_head, "vision"),
                 judge("vision w/o target", vision_head, "vision", "no-target")])
         result = selection.evaluate(settings)
+        table = json.loads(out.read_text())
+        episodes = [json.loads(x) for x in open(f"{out}.trajectories.jsonl")]
+        lines = open(f"{out}.states.jsonl").read().splitlines(keepends=True)
+        first_run = len(sampled)
+
+        # the kill: the cache as a killed run leaves it, the outputs not yet written
+        kept = lines[:len(lines) // 2]
+        open(f"{out}.cache.partial", "w").write("".join(kept) + lines[len(kept)][:25])
+        for f in (out, f"{out}.trajectories.jsonl", f"{out}.states.jsonl"):
+            os.remove(f)
+        sampled.clear()
+        again = selection.evaluate(settings)
     finally:
         server.stop()
-    table = json.loads((tmp_path / "bon.json").read_text())
     assert result["similarity"] == table["similarity"]
     assert set(table["similarity"]) == {"random", "text critic", "vision critic", "vision w/o target"}
     assert all(table["episodes"][sel] == {"1": 2, "2": 2} for sel in table["episodes"])
-    episodes = [json.loads(x) for x in open(tmp_path / "bon.json.trajectories.jsonl")]
     assert len(episodes) == 16
+    states = {(r["repeat"], r["task"], r["prompt"]): r for r in map(json.loads, lines) if r["kind"] == "state"}
+    assert first_run == len(states) and all(len(s["judge"][j]) == 2 for s in states.values() for j in
+                                            ("text critic", "vision critic", "vision w/o target"))
+    turns = 0
     for e in episodes:
-        assert -1.0 <= e["reward"] <= 1.0
+        for m in e["dialogue_history"]:
+            if m["role"] != "assistant":
+                continue
+            st = states[(e["repeat"], e["task_index"], m["input"])]
+            scores = st["judge"][e["selector"]][:e["n"]] if e["selector"] != "random" else [0.0]
+            assert m["output"] == st["candidates"][scores.index(max(scores))], (e["selector"], e["n"], scores)
+            turns += 1
         replies = [m["content"] for m in e["dialogue_history"][2::2]]
         assert all(r in (sf.NO_PAGE_REPLY, sf.SAME_REPLY) or r.startswith("Mine is different.") for r in replies)
-    states = [json.loads(x) for x in open(tmp_path / "bon.json.states.jsonl")]
-    scored = [s for s in states if s["kind"] == "state"]
-    assert scored and all(len(s["judge"]["vision critic"]) == 2 for s in scored)
+    assert turns > len(episodes)  # some episodes went on past their first turn
+    # some judge picks a candidate other than the first: the selection is exercised
+    assert any(st["judge"][j][1] > st["judge"][j][0] for st in states.values() for j in st["judge"])
+    renders = RenderCache(str(tmp_path / "bon.json.images"))  # the episodes' pages, rendered once already
+    for e in episodes:
+        target = renders.lookup(tasks[e["task_index"]]["ground_truth"])
+        answer = None if e["answer"] == "No answer" else e["answer"]
+        assert target and e["reward"] == pytest.approx(Similarity("pixel")(answer, target), abs=1e-9)
+    rewards = {round(e["reward"], 9) for e in episodes}
+    assert len(rewards) > 2 and max(rewards) > 0  # pages far from and close to their targets
+    # the resumed run: the kept states were not sampled again, and the results are the same
+    kept_states = sum(json.loads(x)["kind"] == "state" for x in kept)
+    assert 0 < kept_states < len(states) and len(sampled) == len(states) - kept_states
+    assert again == result and json.loads(out.read_text()) == table
+    assert [json.loads(x) for x in open(f"{out}.trajectories.jsonl")] == episodes
