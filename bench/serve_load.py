@@ -9,6 +9,7 @@ the same shape, measured, and stopped before the other starts.
     python bench/serve_load.py                       # SmolLM2-135M-Instruct from its GGUF wheel (see common.py)
     python bench/serve_load.py --model DIR --conversations 4 --turns 2 --max-new 64   # smaller
     SWEET_JAX_VLLM_PYTHON=... python bench/serve_load.py   # vLLM's python (default: launch/setup_vllm.sh's)
+    python bench/serve_load.py --model DIR --vllm-url http://127.0.0.1:8001 --vllm-model NAME   # a running vLLM
 """
 
 from __future__ import annotations
@@ -77,31 +78,35 @@ async def _load(url: str, model: str, convs, seeded: bool) -> dict:
             "requests": len(latencies)}
 
 
-def _measure(name: str, cmd: list[str], port: int, args, log_path: str, seeded: bool = True) -> dict:
+def _measure(name: str, cmd: list[str] | None, url: str, args, log_path: str, seeded: bool = True,
+             model: str = "model") -> dict:
+    """Start `cmd` (a server on `url`; None: one is running there, serving `model`), warm it up, measure it, stop
+    what was started."""
     from sweet_jax.inference.backends import healthy
 
-    log = open(log_path, "w")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc = None if cmd is None else subprocess.Popen(cmd, cwd=ROOT, stdout=open(log_path, "w"),
+                                                     stderr=subprocess.STDOUT)
     try:
         while not healthy(url):
-            if proc.poll() is not None or time.time() - t0 > 1800:
-                raise SystemExit(f"{name} did not start; log {log_path}:\n{open(log_path).read()[-3000:]}")
+            if proc is None or proc.poll() is not None or time.time() - t0 > 1800:
+                log = f"; log {log_path}:\n{open(log_path).read()[-3000:]}" if proc else ""
+                raise SystemExit(f"{name} at {url} did not answer /health{log}")
             time.sleep(1)
         started = time.time() - t0
-        asyncio.run(_load(url, "model", _script(args, seed=1), seeded))  # warm-up: the same shapes, other tokens
-        result = {**asyncio.run(_load(url, "model", _script(args, seed=0), seeded)), "startup_s": started}
+        asyncio.run(_load(url, model, _script(args, seed=1), seeded))  # warm-up: the same shapes, other tokens
+        result = {**asyncio.run(_load(url, model, _script(args, seed=0), seeded)), "startup_s": started}
         print(f"  {name:<16} {result['tokens_per_s']:7.1f} tokens/s   p50 {result['p50_s']:6.2f} s   p90 "
-              f"{result['p90_s']:6.2f} s   ({result['tokens']} tokens in {result['seconds']:.1f} s; started in "
-              f"{started:.0f} s)", flush=True)
+              f"{result['p90_s']:6.2f} s   ({result['tokens']} tokens in {result['seconds']:.1f} s; "
+              + (f"started in {started:.0f} s)" if proc else "already running)"), flush=True)
         return result
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def main() -> None:
@@ -114,14 +119,15 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--vllm-python", default=os.environ.get("SWEET_JAX_VLLM_PYTHON"))
     p.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. --enforce-eager (a faster start)")
+    p.add_argument("--vllm-url", default=None, help="measure the vLLM already serving --model here (its own flags) "
+                   "instead of starting one")
+    p.add_argument("--vllm-model", default="model", help="the model name the server at --vllm-url serves")
     p.add_argument("--serve-args", default="", help="more sweet_jax.serve flags, e.g. --prefill-chunk 128")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args()
     from common import smollm2_dir
 
     model = args.model or smollm2_dir()
-    vllm_python = args.vllm_python or subprocess.run(["bash", os.path.join(ROOT, "launch", "setup_vllm.sh")],
-                                                     capture_output=True, text=True, check=True).stdout.strip()
     logs = os.path.join(os.environ.get("TMPDIR", "/tmp"), "serve_load")
     os.makedirs(logs, exist_ok=True)
     slots = str(args.conversations)
@@ -129,16 +135,22 @@ def main() -> None:
     ours = _measure("sweet_jax.serve", [sys.executable, "-m", "sweet_jax.serve", "--model", model, "--port",
                                          str(port), "--served-model-name", "model", "--max-batch", slots,
                                          "--max-model-len", str(args.max_model_len), *shlex.split(args.serve_args)],
-                    port, args,
-                    os.path.join(logs, "sweet_jax.log"))
-    port = _port()
+                    f"http://127.0.0.1:{port}", args, os.path.join(logs, "sweet_jax.log"))
     # unseeded: vLLM 0.32's CPU build dies on a seeded request whose prefill is split over steps ("CPU Generator
     # does not use offset"), which chunked prefill does under this load; a seed changes nothing else in its speed
-    vllm = _measure("vLLM", [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port",
-                             str(port), "--served-model-name", "model", "--max-model-len", str(args.max_model_len),
-                             "--max-num-seqs", slots, "--dtype", "float32", "--gpu-memory-utilization", "0.15",
-                             *shlex.split(args.vllm_args)],
-                    port, args, os.path.join(logs, "vllm.log"), seeded=False)
+    if args.vllm_url:
+        vllm = _measure("vLLM", None, args.vllm_url.rstrip("/").removesuffix("/v1"), args, "", seeded=False,
+                        model=args.vllm_model)
+    else:
+        vllm_python = args.vllm_python or subprocess.run(
+            ["bash", os.path.join(ROOT, "launch", "setup_vllm.sh")], capture_output=True, text=True,
+            check=True).stdout.strip()
+        port = _port()
+        vllm = _measure("vLLM", [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port",
+                                 str(port), "--served-model-name", "model", "--max-model-len",
+                                 str(args.max_model_len), "--max-num-seqs", slots, "--dtype", "float32",
+                                 "--gpu-memory-utilization", "0.15", *shlex.split(args.vllm_args)],
+                        f"http://127.0.0.1:{port}", args, os.path.join(logs, "vllm.log"), seeded=False)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                "unknown CPU")
     print(f"{args.conversations} conversations x {args.turns} turns, {args.min_new}-{args.max_new} new tokens, "

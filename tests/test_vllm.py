@@ -1,6 +1,10 @@
 """Against a real vLLM (its CPU build, `launch/setup_vllm.sh`; skipped without it): vLLM serves the project's own HF
 exports, its prompt log-probs equal the in-process ranking scores, and the tiny pipeline's data, sample, rank and
-test stages run on it, surviving a kill -9 of the server in the middle of collection."""
+test stages run on it, surviving a kill -9 of the server in the middle of collection.
+
+A vLLM server takes minutes to start on a CPU, so a test run starts one for every test that only asks it questions
+(`shared_vllm`: this file, the pipeline's critic endpoint, the serving benchmark); only the pipeline test, which
+kills and restarts its server, starts its own."""
 
 import json
 import os
@@ -10,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import budget
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,39 +47,51 @@ def _export(path):
     return params, cfg
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores(tmp_path):
-    import numpy as np
+def shared_vllm() -> tuple[str, str]:
+    """(the /v1 URL, the model directory) of this test run's one vLLM server of a tiny random model (the bundled
+    Llama-3 tokenizer), served as "hf" with vLLM's prefix cache on, as the pipeline runs it. Started by the first
+    test that asks, whichever worker runs it, and stopped when the run ends."""
+    from shared import built_once, shared_server
 
     from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
+
+    model = os.path.join(built_once("vllm-model", lambda d: _export(os.path.join(d, "hf"))), "hf")
+
+    def start(directory):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=16, dtype="float32",
+                                   memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, extra_args=EAGER)
+        return ManagedServer(server_command(settings, model, port, sys.executable), port,
+                             os.path.join(directory, "vllm.log"), start_timeout_s=budget.time_left(),
+                             what="the tests' vLLM").start()
+
+    return shared_server("vllm", start) + "/v1", model
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores():
+    import numpy as np
+
+    from sweet_jax import models
     from sweet_jax.inference.prefix_scoring import continuation_logprobs
     from sweet_jax.sweet import endpoints
 
-    params, cfg = _export(tmp_path / "model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # with vLLM's prefix cache on, as the pipeline runs it: the spans share a header, as ranking's do
-    settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=16, dtype="float32",
-                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON,
-                               extra_args=EAGER)
-    server = ManagedServer(server_command(settings, str(tmp_path / "model"), port, sys.executable), port,
-                           str(tmp_path / "vllm.log"), start_timeout_s=900, what="vLLM").start()
-    try:
-        rng = np.random.default_rng(0)
-        prefix = rng.integers(0, 128000, 300).tolist()
-        header = rng.integers(0, 128000, 4).tolist()  # shared by every span, as the assistant header is in ranking
-        spans = [header + rng.integers(0, 128000, n).tolist() for n in (1, 7, 40, 16, 3)]
-        remote = endpoints.continuation_logprobs(endpoints.Server(server.url + "/v1", "model"), prefix, spans)
-        local = continuation_logprobs(params, cfg, prefix, spans)
-        worst = max(float(np.abs(a - b).max()) for a, b in zip(remote, local))
-        assert worst <= 1e-4, worst
-        samples = endpoints.sample(endpoints.Server(server.url + "/v1", "model"), [prefix[:20]], n=4, temperature=1.0,
-                                   max_tokens=8, seeds=[0], stop=[128009])
-        assert len(samples[0]) == 4 and all(len(s.logprobs) >= 1 for s in samples[0])
-    finally:
-        server.stop()
+    url, model = shared_vllm()
+    loaded = models.load_model(model, "float32")
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, 128000, 300).tolist()
+    header = rng.integers(0, 128000, 4).tolist()  # shared by every span, as the assistant header is in ranking
+    spans = [header + rng.integers(0, 128000, n).tolist() for n in (1, 7, 40, 16, 3)]
+    remote = endpoints.continuation_logprobs(endpoints.Server(url, "hf"), prefix, spans)
+    local = continuation_logprobs(loaded.params, loaded.cfg, prefix, spans)
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(remote, local))
+    assert worst <= 1e-4, worst
+    samples = endpoints.sample(endpoints.Server(url, "hf"), [prefix[:20]], n=4, temperature=1.0, max_tokens=8,
+                               seeds=[0], stop=[128009])
+    assert len(samples[0]) == 4 and all(len(s.logprobs) >= 1 for s in samples[0])
 
 
 CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
@@ -92,13 +109,15 @@ VLLM_RUN = [
 
 @needs_vllm
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     """The data stage (collection: agent and simulator on one vLLM server), then sample, rank and the zero-shot test
-    stage, all on vLLM, in one pipeline command. While collecting, the vLLM server is killed with SIGKILL: its
-    watchdog restarts it, the clients retry (the stage's job runs again if they give up first), and the trajectories
-    come out complete, each (task, rollout) once. The ranking scores equal the
-    in-process ranking of the same candidates. (A random init succeeds at no task, so it gives the critic no pairs
-    to train on: the initial model stands in for the trained critic.)"""
+    stage, in one pipeline command. The policy is served by a vLLM server the pipeline starts and keeps for
+    collection, sampling and the test stage; the critic by the test run's shared vLLM server, as a running endpoint.
+    While collecting, the policy's server is killed with SIGKILL: its watchdog restarts it, the clients retry (the
+    stage's job runs again if they give up first), and the trajectories come out complete, each (task, rollout) once.
+    The ranking scores equal the in-process ranking of the same candidates. (A random init succeeds at no task, so
+    it gives the critic no pairs to train on: the shared server's random model stands in for the trained critic.)"""
     import shutil
 
     import numpy as np
@@ -107,18 +126,19 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
 
     run = tmp_path / "run"
     env = dict(os.environ, SWEET_JAX_VLLM_PYTHON=VLLM_PYTHON)
-    cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *VLLM_RUN]
-    first = subprocess.run([*cmd, "--until", "tasks"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    critic_url, critic = shared_vllm()
+    cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *VLLM_RUN,
+           "--config.inference.roles.rank=endpoint", f"--config.inference.endpoints.rank={critic_url}"]
+    first = subprocess.run([*cmd, "--until", "tasks"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=budget.time_left())
     assert first.returncode == 0, first.stderr[-4000:]
-    shutil.copytree(run / "init" / "hf", run / "critic" / "hf")
-    # one command for the four stages: its kept vLLM server of the initial policy serves collection, sampling and
-    # the test stage (three vLLM starts in all: the policy's, its restart, the critic's)
+    shutil.copytree(critic, run / "critic" / "hf")
     log = open(tmp_path / "pipeline.log", "w")
     proc = subprocess.Popen([*cmd, "--stage", "data,sample,rank,test_zero_shot"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, start_new_session=True)
     killed = None
     try:
-        deadline = time.time() + 1500
+        deadline = time.time() + budget.time_left(margin=60)
         partial = run / "data" / "train_trajectories.jsonl.partial"
         while proc.poll() is None and time.time() < deadline:
             if killed is None and partial.exists() and partial.stat().st_size > 0:
@@ -128,21 +148,22 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
                     killed = int(pids[0])
                     os.kill(killed, signal.SIGKILL)
             time.sleep(1)
-        assert proc.wait(timeout=60) == 0, open(tmp_path / "pipeline.log").read()[-4000:]
+        assert proc.poll() == 0, open(tmp_path / "pipeline.log").read()[-4000:]
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert killed, "collection ended before the server could be killed"
     restarts = open(tmp_path / "pipeline.log").read().count("; restarting it (restart ")
     assert restarts >= 1
     rows = [json.loads(line) for line in open(run / "data" / "train_trajectories.jsonl")]
     keys = {(r["task_id"], r["rollout"]) for r in rows}
     assert len(rows) == 16 * 2 and keys == {(t, k) for t in range(16) for k in range(2)}  # none lost, none twice
-    served = (run / "logs" / "data.serve.log").read_text() + (run / "logs" / "rank.serve.log").read_text()
-    # the policy's server started once (and again at each restart: the kill's, and any a loaded CI machine adds),
-    # the critic's once: the test stage used the kept server
-    assert served.count("\n$ ") == 2 + restarts and "vllm.entrypoints.openai.api_server" in served
-    assert "api_server --model " + str(run / "critic" / "hf") in served
+    # the policy's server started once (and again at each restart: the kill's, and any a loaded CI machine adds):
+    # sampling and the test stage used the kept server, ranking the endpoint
+    served = (run / "logs" / "data.serve.log").read_text()
+    assert served.count("\n$ ") == 1 + restarts and "vllm.entrypoints.openai.api_server" in served
+    assert sorted(p.name for p in (run / "logs").glob("*.serve.log")) == ["data.serve.log"]
     ranked = [json.loads(line) for line in open(run / "bon" / "ranked.jsonl")]
     assert ranked and all(len(r["judge_result"]) == 4 for r in ranked)
     r = json.loads((run / "config.json").read_text())["rank"]  # the run's ranking settings, in process
