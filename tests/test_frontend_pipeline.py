@@ -15,10 +15,10 @@ from system import needs_renderer, run_then_kill
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "sweet_frontend_tiny.py")
 PAIR_BATCH = "'optim.batch_size=2','optim.micro_batch_size=2'"  # few tasks give few pairs
-SMALL = ["--config.tasks.num_train=24", "--config.tasks.num_test=3", "--config.collect.rollouts=3",
-         "--config.test.rollouts=1", "--config.best_of_n.n=4", "--config.best_of_n.batch=4",
+SMALL = ["--config.tasks.num_train=16", "--config.tasks.num_test=3", "--config.collect.rollouts=2",
+         "--config.test.rollouts=1", "--config.best_of_n.n=2", "--config.best_of_n.batch=4",
          "--config.best_of_n.data_fraction=0.2", "--config.pretrain.overrides=('data.max_len=1024','train.epochs=1')",
-         "--config.gt_pairs.min_gap=0.0",  # every two rollouts that differ at all: enough pairs from 24 tasks
+         "--config.gt_pairs.min_gap=0.0",  # every two rollouts that differ at all: enough pairs from 16 tasks
          f"--config.critic.overrides=('data.kind=text_pairs','data.max_len=1024','train.epochs=1',"
          f"'optim.freeze=embed,lm_head',{PAIR_BATCH})",
          f"--config.critic_vision.overrides=('train.epochs=1',{PAIR_BATCH})",
@@ -35,11 +35,12 @@ STAGES = ("init", "tasks", "pretrain", "data", "gt_pairs", "critic", "vision_ini
 
 @needs_renderer
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_the_frontend_pipeline_resumes_after_a_kill_with_nothing_redone(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
     partial = run / "bon" / "ranked_vision.jsonl.partial"
-    run_then_kill(cmd, partial, 1, 1500, "mid-ranking")
+    run_then_kill(cmd, partial, 1, budget.time_left() * 0.6, "mid-ranking")
     assert not (run / "stages" / "rank_vision.json").exists()
     finished = sorted(p.stem for p in (run / "stages").glob("*.json"))
     assert {"init", "tasks", "pretrain", "data", "vision_pairs", "critic_vision", "sample"} <= set(finished)
@@ -60,11 +61,11 @@ def test_the_frontend_pipeline_resumes_after_a_kill_with_nothing_redone(tmp_path
     ranked = [json.loads(x) for x in open(run / "bon" / "ranked_vision.jsonl")]
     assert len(ranked) == len(sampled) > kept
     assert [r["input"] for r in ranked] == [r["input"] for r in sampled]
-    assert all(len(r["judge_result"]) == 4 for r in ranked)
+    assert all(len(r["judge_result"]) == 2 for r in ranked)
     for name in STAGES:
         assert (run / "stages" / f"{name}.json").exists(), name
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["data"]["trajectories"] == 72 and 0.0 <= summary["data"]["similarity"] <= 1.0
+    assert summary["data"]["trajectories"] == 32 and 0.0 <= summary["data"]["similarity"] <= 1.0
     for stage in ("test", "test_vision", "test_zero_shot", "test_rft", "test_mtdpo"):
         assert summary[stage]["trajectories"] == 3, stage
     report = (run / "report" / "report.md").read_text()

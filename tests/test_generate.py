@@ -21,9 +21,15 @@ def params():
     return models.init_params(CFG, jax.random.key(0), std=0.1)
 
 
-def _forward_logprobs(params, ids):
-    logits = models.forward(params, CFG, jnp.asarray([ids], jnp.int32))[0]
-    return np.asarray(jax.nn.log_softmax(logits, axis=-1))
+_FORWARD = jax.jit(lambda params, tokens: jax.nn.log_softmax(models.forward(params, CFG, tokens), axis=-1))
+
+
+def _forward_logprobs(params, ids, length: int = 48):
+    """The forward pass's log-probs at every position of `ids`, run right-padded to one length (causal: padding
+    changes no earlier position), so that every call shares one compiled program."""
+    assert len(ids) <= length
+    padded = jnp.asarray([list(ids) + [0] * (length - len(ids))], jnp.int32)
+    return np.asarray(_FORWARD(params, padded))[0, :len(ids)]
 
 
 def test_greedy_equals_step_by_step_argmax_of_forward(params):

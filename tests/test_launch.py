@@ -35,10 +35,10 @@ def _env(tmp_path, **extra):
                 XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
 
 
-def _launch(script, *args, env=None):
+def _launch(script, *args, env=None, timeout=None):
     with one_job_at_a_time():
         return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
-                              text=True, timeout=budget.time_left(), env=env, cwd=ROOT)
+                              text=True, timeout=timeout or budget.time_left(), env=env, cwd=ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ TPU pod slice

@@ -29,6 +29,7 @@ def _held_out_accuracy(proc: subprocess.Popen) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_critic_learns_from_the_information_and_stays_at_chance_without(tmp_path):
     # the two jobs run side by side: each keeps about 1.5 of 2 CPU cores busy
     jobs = _start(tmp_path / "with_info"), _start(tmp_path / "without_info", "--config.data.with_info=False")

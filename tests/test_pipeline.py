@@ -69,10 +69,14 @@ SMALL = ["--config.tasks.num_train=60", "--config.tasks.num_test=4", "--config.c
          # batch 2: how many pairs 60 tasks give depends on the machine's float rounding (7 train pairs on one CI
          # machine), and the default batch of 8 needs 8
          "--config.critic.overrides=('data.score_span=assistant','train.epochs=1','optim.freeze=embed,lm_head',"
-         "'optim.batch_size=2','optim.micro_batch_size=2')"]
+         "'optim.batch_size=2','optim.micro_batch_size=2')",
+         # the value function trains on every turn (some 300 examples): batches of 8
+         "--config.critic_value.overrides=('objective=value','data.kind=turn_values','optim.freeze=embed',"
+         "'train.epochs=1','optim.batch_size=8','optim.micro_batch_size=8')"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_path):
     """The tiny pipeline (ask domain, fewer tasks), killed (SIGKILL to the driver and its job) while sampling
     candidates, then rerun: the finished stages are not redone, sampling resumes from its partial file with one
@@ -82,7 +86,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweet_jax.pipeline", "--config", CONFIG, f"--config.run_dir={run}", *SMALL]
     partial = run / "bon" / "sampled.jsonl.partial"
-    run_then_kill(cmd + ["--until", "test"], partial, 2, 1200, "mid-sampling")
+    run_then_kill(cmd + ["--until", "test"], partial, 2, budget.time_left() * 0.6, "mid-sampling")
     assert not (run / "stages" / "sample.json").exists()
     # what had finished when the kill came (with jobs=2 the critics may still have been training beside the sampler)
     finished = sorted(p.stem for p in (run / "stages").glob("*.json"))

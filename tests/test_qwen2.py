@@ -159,7 +159,8 @@ def test_critic_and_dpo_jobs_train_a_tiny_qwen2_with_its_chatml_tokenizer(tmp_pa
     from test_train import _cmd
 
     proc = subprocess.run(_cmd(config, tmp_path / "run", "--config.model.preset=qwen2-tiny",
-                               f"--config.tokenizer_path={smollm2_dir()}", "--config.data.synthetic.num_tasks=40"),
+                               f"--config.tokenizer_path={smollm2_dir()}", "--config.data.synthetic.num_tasks=12",
+                               "--config.train.epochs=1"),
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
                           text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -72,10 +72,10 @@ def test_seeded_greedy_chat_is_deterministic_and_matches_the_model(server):
     assert a.choices[0].message.content == b.choices[0].message.content
     tok = load_tokenizer(bundled_llama3_tokenizer_dir())
     ids = tok.encode(render_text(MESSAGES, add_generation_prompt=True), add_special_tokens=False)
-    seq = list(ids)
-    for _ in range(6):
-        logits = models.forward(server["params"], CFG, jnp.asarray([seq], jnp.int32))[0, -1]
-        seq.append(int(jnp.argmax(logits)))
+    forward, seq = jax.jit(lambda p, t: models.forward(p, CFG, t)), list(ids)
+    for _ in range(6):  # right-padded to one length, one compiled program (causal: padding changes no earlier logit)
+        logits = forward(server["params"], jnp.asarray([seq + [0] * (len(ids) + 6 - len(seq))], jnp.int32))
+        seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
     expected = seq[len(ids):]
     assert a.choices[0].message.content == tok.decode([t for t in expected if t not in (128001, 128008, 128009)])
 
