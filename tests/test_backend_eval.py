@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import budget
 import numpy as np
 import pytest
 
@@ -331,7 +332,8 @@ def test_cli_reports_bad_input(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text("[1]\n")
     proc = subprocess.run([sys.executable, "-m", "sweet_jax.evaluate", "--task-type", "backend", "--input", str(path),
-                           "--output", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+                           "--output", str(tmp_path / "o.jsonl")], capture_output=True, text=True,
+                          timeout=budget.time_left())
     assert proc.returncode == 2 and "in.jsonl:1: a record must be a JSON object" in proc.stderr
 
 
@@ -359,7 +361,7 @@ def test_colbench_and_the_evaluator_import_no_jax():
     code = ("import sys, sweet_jax.colbench.backend_eval, sweet_jax.colbench.synthetic, sweet_jax.evaluate; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax')]; "
             "assert not bad, bad")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr
 
 

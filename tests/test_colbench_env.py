@@ -3,6 +3,7 @@
 import json
 import os
 
+import budget
 import pytest
 
 from sweet_jax.chat.llama3 import render_text
@@ -147,6 +148,6 @@ def test_the_colbench_package_imports_no_jax():
     code = ("import importlib, pkgutil, sys, sweet_jax.colbench as c\n"
             "[importlib.import_module('sweet_jax.colbench.' + m.name) for m in pkgutil.iter_modules(c.__path__)]\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=budget.time_left())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -83,15 +83,17 @@ def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_p
             args += [f"--config.{side}.base_url={server.url}", f"--config.{side}.model=fake",
                      f"--config.{side}.request_timeout=1.0", f"--config.{side}.backoff=0.02"]
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 300
+        deadline = time.time() + budget.time_left()
         lines = 0
-        while time.time() < deadline and proc.poll() is None:
-            lines = open(partial).read().count("\n") if os.path.exists(partial) else 0
-            if lines >= 40:
-                proc.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.02)
-        proc.wait()
+        try:
+            while time.time() < deadline and proc.poll() is None:
+                lines = open(partial).read().count("\n") if os.path.exists(partial) else 0
+                if lines >= 40:
+                    break
+                time.sleep(0.02)
+        finally:  # also when the test's time limit interrupts the wait
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         assert 40 <= lines < 200, f"killed at {lines} records; the run ended first" if proc.returncode == 0 else lines
         with open(partial, "ab") as fh:
             fh.write(b'{"task_id": 3, "rollout": 1, "dialogue_hist')  # a torn write, as a kill mid-line leaves

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import budget
 import pytest
 
 from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json
@@ -47,7 +48,7 @@ def test_a_partial_file_resumes_after_a_kill_mid_line(tmp_path):
               f"    p.append({{'line': i, 'record': i * i}})\n"
               f"os.write(p._fd, b'{{\"line\": 3, \"rec')\n"
               f"os.kill(os.getpid(), 9)\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=budget.time_left())
     assert proc.returncode == -9
     with PartialFile(out, key=lambda r: r["line"]) as part:
         assert sorted(part.done) == [0, 1, 2]

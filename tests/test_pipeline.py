@@ -246,3 +246,32 @@ def test_kept_servers_outlive_the_stages_pool_and_stop_without_a_restart(tmp_pat
     assert logs.count("\n$ ") == 2  # each started once
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+def test_a_job_that_fails_the_moment_its_server_dies_runs_again_once_it_is_back(tmp_path, caplog):
+    """A job whose requests fail at once when its server dies (no retries left) can exit before the server's watchdog,
+    which looks once a second, has seen the death. The failure still counts as one during a restart: the job runs
+    again once the restarted server answers. The job here is a stand-in that kills the server and exits 1 on its
+    first run, and exits 0 on its second."""
+    import ml_collections
+
+    from sweet_jax.sweet import stages as pipeline
+
+    cfg = ml_collections.ConfigDict(dict(
+        run_dir=str(tmp_path / "run"), compile_cache=False, inference=dict(backend="describer"),
+        serve=dict(keep=True, max_model_len=256, start_timeout_s=120, reruns_after_restart=1)))
+    run = pipeline.Run(cfg)
+    try:
+        with run.served("s", "describer", "simulator"):
+            (server,) = run._running
+            job = tmp_path / "job.sh"
+            job.write_text(f"#!/bin/sh\n[ -e {tmp_path}/ran ] && exit 0\ntouch {tmp_path}/ran\n"
+                           f"kill -9 {server.proc.pid}\nexit 1\n")
+            job.chmod(0o755)
+            run.python = str(job)
+            with caplog.at_level("WARNING"):
+                run.job("data", "collect", config=os.path.join(ROOT, "configs", "collect_backend.py"), overrides={})
+            assert server.restarts == 1 and "failed while a server restarted; running it again" in caplog.text
+            assert (tmp_path / "run" / "logs" / "data.log").read_text().count("\n$ ") == 2
+    finally:
+        run.close()

@@ -4,11 +4,17 @@ import json
 import subprocess
 import sys
 
+import budget
 import numpy as np
 import pytest
 from PIL import Image
 
 from sweet_jax.sweet import reporting as report
+
+
+def _report(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sweet_jax.report", *map(str, args)], capture_output=True, text=True,
+                          timeout=budget.time_left())
 
 
 def test_wilson_interval_matches_hand_computed_values():
@@ -48,7 +54,7 @@ def test_report_writes_the_table_and_readable_plots(tmp_path):
     (run / "eval" / "best_of_n.json").write_text(json.dumps({
         "success": {"SWEET critic": {"1": 0.1, "4": 0.3, "16": 0.5}, "random": {"1": 0.1, "4": 0.1, "16": 0.12}},
         "episodes": {"SWEET critic": {"1": 100, "4": 100, "16": 100}, "random": {"1": 100, "4": 100, "16": 100}}}))
-    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(run)], capture_output=True, text=True)
+    proc = _report(run)
     assert proc.returncode == 0, proc.stderr
     md = (run / "report" / "report.md").read_text()
     assert "SYNTHETIC data, not ColBench" in md
@@ -64,7 +70,7 @@ def test_report_writes_the_table_and_readable_plots(tmp_path):
 
 
 def test_report_of_an_empty_directory_is_a_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(tmp_path)], capture_output=True, text=True)
+    proc = _report(tmp_path)
     assert proc.returncode == 2 and "no finished pipeline stages" in proc.stderr
 
 
@@ -88,7 +94,7 @@ def test_ask_domain_runs_report_how_often_each_method_opens_with_the_good_questi
         traj(GOOD_QUESTION, selector="SWEET critic", n=4) + traj(GOOD_QUESTION, selector="SWEET critic", n=4)
         + traj("x", selector="SWEET critic", n=1) + traj("x", selector="random", n=4)
         + traj(GOOD_QUESTION, selector="random", n=4))
-    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", str(run)], capture_output=True, text=True)
+    proc = _report(run)
     assert proc.returncode == 0, proc.stderr
     md = (run / "report" / "report.md").read_text()
     assert "| SWEET-RL | 50.0 | 50.0 | 15.0-85.0 | 4 | 50% |" in md
@@ -104,8 +110,7 @@ def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):
         (run / "eval" / "best_of_n.json").write_text(json.dumps({
             "success": {"random": {"1": 0.5 + 0.1 * i}}, "episodes": {"random": {"1": 10}}}))
         runs.append(str(run))
-    proc = subprocess.run([sys.executable, "-m", "sweet_jax.report", *runs, "--output", str(tmp_path / "out")],
-                          capture_output=True, text=True)
+    proc = _report(*runs, "--output", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "seeds.md").read_text()
     lo, hi = [100 * x for x in report.wilson(70, 100)]  # 30 + 40 of 100

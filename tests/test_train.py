@@ -49,17 +49,19 @@ def test_kill_9_then_resume_gives_identical_params(tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.Popen(_cmd("critic_tiny.py", out), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
+    deadline = time.time() + budget.time_left()
     killed_at = None
-    while time.time() < deadline and proc.poll() is None:
-        names = [os.path.basename(p) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
-        steps = [int(n) for n in names if n.isdigit()]  # committed checkpoints, not Orbax's temp dirs
-        if steps and max(steps) >= 4:
-            proc.send_signal(signal.SIGKILL)
-            killed_at = max(steps)
-            break
-        time.sleep(0.05)
-    proc.wait()
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            names = [os.path.basename(p) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
+            steps = [int(n) for n in names if n.isdigit()]  # committed checkpoints, not Orbax's temp dirs
+            if steps and max(steps) >= 4:
+                killed_at = max(steps)
+                break
+            time.sleep(0.05)
+    finally:  # also when the test's time limit interrupts the wait
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     assert killed_at is not None and killed_at < total, "the job finished before it could be killed"
     assert not (out / "metrics.json").exists()
 
@@ -122,7 +124,7 @@ def test_resuming_into_a_checkpoint_of_another_training_state_is_a_clear_error(t
 def test_missing_model_says_what_to_download(tmp_path):
     cmd = [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", "critic_8b.py"),
            f"--config.train.output_dir={tmp_path / 'run'}", f"--config.model.hf_path={tmp_path / 'nope'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 2
     assert "meta-llama/Llama-3.1-8B-Instruct" in proc.stderr and "--config.model.hf_path" in proc.stderr
 

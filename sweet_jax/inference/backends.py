@@ -161,6 +161,17 @@ class ManagedServer:
             time.sleep(0.5)
         return False
 
+    def restarts_so_far(self, settle_s: float = 5.0) -> int:
+        """`restarts`, counting a death that has already happened. The watchdog looks once a second, so a client whose
+        requests failed because the server died may ask before the watchdog has seen it: when the server does not
+        answer /health, this waits (up to `settle_s`) for the watchdog to count the death."""
+        seen, deadline = self.restarts, time.time() + settle_s
+        if self._stopping.is_set() or healthy(self.url):
+            return seen
+        while self.restarts == seen and not self._stopping.is_set() and time.time() < deadline:
+            time.sleep(0.05)
+        return self.restarts
+
     def start(self) -> "ManagedServer":
         self._launch()
         self._wait_healthy()

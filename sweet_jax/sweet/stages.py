@@ -202,7 +202,7 @@ class Run:
                                       preexec_fn=_die_with_parent, env=self.env)
             if not proc.returncode:
                 return
-            if reruns > 0 and self._restarts() > restarts:
+            if reruns > 0 and self._restarts(settle=True) > restarts:
                 reruns -= 1
                 log.warning("stage '%s': `%s` failed while a server restarted; running it again (it resumes) once "
                             "the servers answer", stage, " ".join(cmd[2:4]))
@@ -213,9 +213,11 @@ class Run:
             raise StageError(f"stage '{stage}': `{' '.join(cmd[2:4])} ...` exited with {proc.returncode}; log "
                              f"{logfile}:\n{tail}")
 
-    def _restarts(self) -> int:
+    def _restarts(self, settle: bool = False) -> int:
+        """The restarts of every server so far; with `settle`, counting a death their watchdogs have yet to see."""
         with self._lock:
-            return sum(server.restarts for server in self._running)
+            servers = list(self._running)
+        return sum(server.restarts_so_far() if settle else server.restarts for server in servers)
 
     def backend(self, role: str):
         """The `inference` settings of a role (agent, simulator, sample, rank, reference): its backend
