@@ -12,7 +12,8 @@
   share a module-scoped fixture moves as one block, so the fixture is built once.
 - **Recording durations**: `--record-durations` writes this run's per-test seconds (setup + call + teardown) into
   `durations.json`, keeping the entries of tests that did not run. Re-record after adding heavy tests.
-  `--slowest N` lists the N slowest tests at the end of the run.
+  `--slowest N` lists the N slowest tests at the end of the run, the seconds of each tier, and the tests with no mark
+  that took more than `FAST_TEST_S`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SLOW_LIMIT_S = 600  # a test marked slow
 HARD_GRACE_S = float(os.environ.get("SWEET_JAX_TEST_HARD_GRACE_S", 90))  # then a test no signal stopped ends its worker
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 UNKNOWN_FAST_S, UNKNOWN_SLOW_S = 2.0, 60.0  # the expected seconds of a test durations.json does not know
+FAST_TEST_S = float(os.environ.get("SWEET_JAX_TEST_FAST_S", 15))  # a test with no mark that takes longer is named
+# at the end of the run, to be marked slow
 
 
 def pytest_addoption(parser):
@@ -40,6 +43,13 @@ def pytest_addoption(parser):
                      help=f"write each test's seconds (setup + call + teardown) into {DURATIONS}")
     parser.addoption("--slowest", type=int, default=0, metavar="N",
                      help="list the N slowest tests at the end, setup and teardown included")
+
+
+def tier_of(item) -> str:
+    """fast (no mark), slow (`slow`) or heavy (its own timeout mark)."""
+    if item.get_closest_marker("timeout") is not None:
+        return "heavy"
+    return "slow" if item.get_closest_marker("slow") else "fast"
 
 
 def limit_of(item) -> float:
@@ -103,6 +113,7 @@ def schedule(items: list, workers: int, known: dict[str, float]) -> list:
 
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
+        item.user_properties.append(("tier", tier_of(item)))  # travels with its reports to the xdist controller
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit_of(item)))
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
@@ -145,11 +156,13 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 _seconds: dict[str, float] = {}
+_tiers: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report):
     if report.when in ("setup", "call", "teardown"):
         _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+        _tiers[report.nodeid] = dict(report.user_properties).get("tier", "fast")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -167,3 +180,12 @@ def pytest_terminal_summary(terminalreporter, config):
     for nodeid, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1])[:n]:
         terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
     terminalreporter.write_line(f"{sum(_seconds.values()):8.1f} s  in all, over {len(_seconds)} tests")
+    for tier in ("fast", "slow", "heavy"):
+        spent = [s for nodeid, s in _seconds.items() if _tiers.get(nodeid) == tier]
+        terminalreporter.write_line(f"{sum(spent):8.1f} s  the {tier} tier, {len(spent)} tests")
+    unmarked = sorted((s, nodeid) for nodeid, s in _seconds.items() if _tiers.get(nodeid) == "fast" and s > FAST_TEST_S)
+    if unmarked:
+        terminalreporter.write_line(f"took more than {FAST_TEST_S:.0f} s without the slow mark (mark them slow: "
+                                    f"CONTRIBUTING.md, the time budget):", yellow=True)
+        for seconds, nodeid in reversed(unmarked):
+            terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}", yellow=True)

@@ -36,6 +36,7 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_sample_writes_the_official_sampled_layout(files):
     trajs = [json.loads(line) for line in open(files / "traj.jsonl")][:3]
     turns = sum(sum(m["role"] == "assistant" for m in t["dialogue_history"]) for t in trajs)
@@ -55,6 +56,7 @@ def test_sample_writes_the_official_sampled_layout(files):
         assert np.all(sums / means >= 1 - 1e-6) and np.all(sums / means <= 6 + 1e-6)  # k = sum / mean <= max_tokens
 
 
+@pytest.mark.slow
 def test_rank_against_the_same_model_gives_zero_advantage_and_pairs_follow_the_ranking(files):
     same = _run("rank", "--critic", files / "policy", "--input", files / "sampled.jsonl", "--output",
                 files / "ranked_same.jsonl", "--reference", "model", "--reference-model", files / "policy")
@@ -87,6 +89,7 @@ def test_rank_refuses_a_malformed_sampled_file(files, tmp_path):
     assert proc.returncode == 2 and f"{bad}:1: field 'ground_truth': missing" in proc.stderr
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(files, tmp_path):
     """`evaluate` (Figure 3a): every turn of a judge's episode takes the highest-scored of the state's first N

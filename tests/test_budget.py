@@ -3,6 +3,7 @@ name and the stacks, and the run goes on (a test where no signal is handled ends
 replaces); heavy tests start first, each worker's share of equal expected time."""
 
 import os
+import re
 import sys
 import types
 
@@ -38,6 +39,37 @@ def test_a_hanging_test_fails_at_its_limit_and_the_run_goes_on(pytester, monkeyp
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_hangs - Failed: Timeout (>2.0s) from pytest-timeout." in out
     assert "time.sleep(10_000)" in out  # the stack of where it hung
+
+
+def test_the_summary_gives_each_tiers_seconds_and_names_the_slow_tests_without_the_mark(pytester, monkeypatch):
+    pytester.makepyfile(test_inner="""
+        import time, pytest
+
+        def test_quick():
+            pass
+
+        def test_unmarked_but_slow():
+            time.sleep(1.5)
+
+        @pytest.mark.slow
+        def test_marked():
+            time.sleep(1.5)
+
+        @pytest.mark.slow
+        @pytest.mark.timeout(30)
+        def test_heavy():
+            pass
+    """)
+    monkeypatch.setenv("SWEET_JAX_TEST_FAST_S", "1")
+    result = _inner(pytester, monkeypatch, "--slowest", "2")
+    result.assert_outcomes(passed=4)
+    out = result.stdout.str()
+    assert re.search(r"\n +1\.[5-9] s  test_inner\.py::test_(marked|unmarked_but_slow)\n +1\.[5-9] s  test_inner\.py::"
+                     r"test_(marked|unmarked_but_slow)\n +[\d.]+ s  in all, over 4 tests\n", out), out
+    assert re.search(r"\n +1\.[5-9] s  the fast tier, 2 tests\n +1\.[5-9] s  the slow tier, 1 tests\n +0\.\d s  the "
+                     r"heavy tier, 1 tests\n", out), out
+    named = out.split("took more than 1 s without the slow mark")[1]
+    assert re.search(r"1\.[5-9] s  test_inner\.py::test_unmarked_but_slow", named) and "test_marked" not in named
 
 
 def test_a_test_no_signal_can_stop_ends_its_worker_and_the_run_goes_on(pytester, monkeypatch):

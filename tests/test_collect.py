@@ -103,6 +103,7 @@ def test_kill_9_then_restart_gives_exactly_one_record_per_task_and_rollout(tmp_p
     _check_output(out, tasks, 2)
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_a_job_that_fails_while_its_server_restarts_runs_again_and_loses_nothing(tmp_path, caplog):
     """A pipeline job (`Run.job`) against a managed server that is killed mid-collection: the watchdog restarts it,

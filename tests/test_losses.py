@@ -100,6 +100,7 @@ def test_sft_loss_matches_numpy():
     assert float(loss[2]) == 0.0
 
 
+@pytest.mark.slow
 def test_dpo_gradient_through_tiny_model_matches_finite_differences():
     """d(loss)/d(params) along a random direction, against central differences on the full pipeline:
     chunked log-probs -> masked trajectory-mean -> Bradley-Terry/DPO with NLL."""

@@ -109,6 +109,7 @@ def test_packed_logprobs_equal_unpacked(impl):
 @pytest.mark.parametrize("objective,reduction,nll_span", [("dpo", "sum", "response"),
                                                           ("critic", "turn_mean_sum", "score"),
                                                           ("critic", "trajectory_mean", "all")])
+@pytest.mark.slow
 def test_packed_loss_and_gradients_equal_unpacked(objective, reduction, nll_span):
     params = models.init_params(CFG, jax.random.key(1), std=0.1)
     pairs = _pairs(np.random.default_rng(1))

@@ -54,6 +54,7 @@ def test_plan_reports_per_device_memory_that_matches_the_shapes(tmp_path):
     assert p["model_flops"] == TINY_FLOPS_PER_TOKEN * 16 * 256
 
 
+@pytest.mark.slow
 def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
     # 4 layers: their saved activations outweigh the one attention layer's working set, which no remat policy cuts
     # (with a single layer, full remat needs more than none)
@@ -77,6 +78,7 @@ def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
     assert last["temp_bytes"] < full["temp_bytes"]
 
 
+@pytest.mark.slow
 def test_a_packed_plan_compiles_one_prefix_shared_row_per_pair_and_needs_less(tmp_path):
     """--turn-len plans what the trainer runs on pairs that share a history: one row of history + two turns per pair
     (a 224-token history and two 32-token turns here, padded to the 384-token row bucket) instead of two full rows."""

@@ -112,6 +112,7 @@ def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_resuming_into_a_checkpoint_of_another_training_state_is_a_clear_error(tmp_path):
     out = tmp_path / "run"
     first = _run("critic_tiny.py", out, "--config.train.epochs=1")

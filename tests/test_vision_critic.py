@@ -97,6 +97,7 @@ def vision_head(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_judges_reward_is_the_mean_of_the_score_heads_values(tmp_path, vision_head):
     """Candidates of different lengths and images scored in one padded batch equal, each, the NumPy mean of the
     per-token values of its own unpadded chat."""

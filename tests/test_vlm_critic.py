@@ -72,6 +72,7 @@ def params():
     return {**p, "score": 0.5 * jax.random.normal(jax.random.key(1), p["score"].shape)}
 
 
+@pytest.mark.slow
 def test_batch_rows_hold_their_own_images(params):
     batch, rows = image_batch()
     assert batch["positions"].shape == (8, 3, 48) and batch["pixels"].shape[:2] == batch["patch_segments"].shape
@@ -105,6 +106,7 @@ def test_reward_is_the_mean_token_value_with_padding_as_set(params, padding):
     assert abs(float(other) - float(loss)) > 1e-4  # the setting matters on this batch
 
 
+@pytest.mark.slow
 def test_gradient_matches_central_differences(params):
     """Directional derivatives of the loss along random directions, of all the weights and of the vision tower's
     alone, against (L(p + eps v) - L(p - eps v)) / 2 eps."""
@@ -165,6 +167,7 @@ SHARDED = """
 """
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_the_one_device_step():
     out = run_with_devices(SHARDED)
     lines = [line for line in out.splitlines() if line.startswith("EQUIV")]
@@ -216,6 +219,7 @@ def _train(vlm_dir, out, *extra):
         cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
 
 
+@pytest.mark.slow
 def test_a_reward_critic_job_trains_on_image_pairs(vlm_dir, tmp_path):
     proc = _train(vlm_dir, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
