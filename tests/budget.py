@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -139,6 +140,31 @@ def time_left(margin: float = 20.0) -> float:
     """Seconds until the running test's limit, less `margin`: the timeout for a subprocess or a wait inside a test,
     so that it ends first, with its own error, and the test's teardown still has time to clean up."""
     return max(1.0, _deadline[0] - time.monotonic() - margin)
+
+
+def run_side_by_side(cmds: list[list[str]], envs: list[dict] | None = None, timeout: float | None = None,
+                     **popen_kw) -> list[subprocess.CompletedProcess]:
+    """Run the commands at the same time, each to its end (text stdout and stderr captured), within `timeout` (default:
+    what is left of the test's limit); their completed processes in order. None outlives the call, also when a
+    timeout or the test's limit interrupts the wait."""
+    timeout = timeout or time_left()
+    envs = envs or [None] * len(cmds)
+    procs = []
+    try:
+        for cmd, env in zip(cmds, envs, strict=True):
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          **popen_kw))
+        deadline = time.monotonic() + timeout
+        done = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+        return done
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -61,17 +61,6 @@ def run_processes(cmd: list[str], n_processes: int = 2, devices_per_process: int
     """Run `cmd` as every process of a local multi-host job; returns their completed processes (in id order)."""
     import budget
 
-    with one_job_at_a_time():
-        timeout = timeout or budget.time_left()  # once the lock is held: waiting for it counts against the test
-        procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for env in multiprocess_env(n_processes, devices_per_process)]
-        out = []
-        try:
-            for p in procs:
-                stdout, stderr = p.communicate(timeout=timeout)
-                out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    return out
+    with one_job_at_a_time():  # its wait for the lock counts against the test, not against `timeout`
+        envs = multiprocess_env(n_processes, devices_per_process)
+        return budget.run_side_by_side([cmd] * n_processes, envs=envs, timeout=timeout, cwd=cwd)

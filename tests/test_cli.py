@@ -75,10 +75,10 @@ COMMANDS = [["train", "--config", "configs/critic_tiny.py"], ["plan", "--config"
 
 
 def test_every_command_gives_the_same_error_for_a_misspelt_flag():
-    procs = [subprocess.Popen([sys.executable, "-m", f"sweet_jax.{cmd[0]}", *cmd[1:], "--no-such-flag=1"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in COMMANDS]
-    for cmd, proc in zip(COMMANDS, procs):
-        out, err = proc.communicate(timeout=budget.time_left())
+    done = budget.run_side_by_side([[sys.executable, "-m", f"sweet_jax.{cmd[0]}", *cmd[1:], "--no-such-flag=1"]
+                                    for cmd in COMMANDS], cwd=ROOT)
+    for cmd, proc in zip(COMMANDS, done):
+        err = proc.stderr
         assert proc.returncode == 2, (cmd, err[-2000:])
         assert err.strip().splitlines()[-1] == "error: bad command line: Unknown command line flag 'no_such_flag'", \
             (cmd, err[-2000:])
@@ -97,10 +97,10 @@ def test_every_config_command_names_a_misspelt_field_and_the_closest_known_ones(
              (["pipeline", "--config", "configs/sweet_backend_tiny.py", "--config.trian.overrides=()"],
               "unknown config field 'trian.overrides' (--config.trian.overrides) in configs/sweet_backend_tiny.py; "
               "the closest known fields: ")]
-    procs = [subprocess.Popen([sys.executable, "-m", f"sweet_jax.{args[0]}", *args[1:]], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args, _ in cases]
-    for (args, msg), proc in zip(cases, procs):
-        out, err = proc.communicate(timeout=budget.time_left())
+    done = budget.run_side_by_side([[sys.executable, "-m", f"sweet_jax.{args[0]}", *args[1:]] for args, _ in cases],
+                                   cwd=ROOT)
+    for (args, msg), proc in zip(cases, done):
+        err = proc.stderr
         assert proc.returncode == 2, (args, err[-2000:])
         assert err.strip().splitlines()[-1].startswith("error: bad command line: " + msg), (args, err[-2000:])
 
