@@ -27,7 +27,7 @@ def _held_out_accuracy(done: subprocess.CompletedProcess) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_critic_learns_from_the_information_and_stays_at_chance_without(tmp_path):
     # the two jobs run side by side: each keeps about 1.5 of 2 CPU cores busy
     jobs = budget.run_side_by_side([_cmd(tmp_path / "with_info"),
