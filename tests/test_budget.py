@@ -131,3 +131,26 @@ def test_every_collected_test_has_a_limit(request):
     assert limits and all(0 < x <= 1500 for x in limits)
     assert all(item.get_closest_marker("timeout") is not None for item in request.session.items)
     assert sys.modules.get("pytest_timeout") is not None  # the plugin that enforces them is loaded
+
+
+def test_commands_run_side_by_side_end_with_the_test_that_its_limit_stops(pytester, monkeypatch, tmp_path):
+    pids = tmp_path / "pids"
+    pytester.makepyfile(test_inner=f"""
+        import sys, pytest, budget
+
+        SLEEPER = "import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\\\n'); time.sleep(10_000)"
+
+        @pytest.mark.timeout(4)
+        def test_waits_on_two_sleepers():
+            budget.run_side_by_side([[sys.executable, "-c", SLEEPER]] * 2, timeout=10_000)
+
+        def test_after():
+            assert budget.run_side_by_side([[sys.executable, "-c", "print('ok')"]])[0].stdout == "ok\\n"
+    """)
+    result = _inner(pytester, monkeypatch)
+    result.assert_outcomes(passed=1, failed=1)
+    assert "Timeout (>4.0s)" in result.stdout.str()
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(started) == 2
+    for pid in started:  # killed and reaped: gone, not a zombie
+        assert not os.path.exists(f"/proc/{pid}"), open(f"/proc/{pid}/stat").read()
