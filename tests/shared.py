@@ -117,3 +117,14 @@ def shared_server(name: str, start: Callable[[str], object]) -> str:
         # the watchdog thread of `server` dies with this worker; the process outlives it, until the run ends
         write_json(state, {"url": server.url, "pid": server.proc.pid})
         return server.url
+
+
+def shared_server_still_the_first(name: str) -> bool:
+    """Whether this run's server `name` is still the process that was first started (not dead, and so not
+    restarted under another process id)."""
+    pid = json.load(open(os.path.join(run_dir(), name + ".server.json")))["pid"]
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"  # a zombie is dead too
+    except FileNotFoundError:
+        return False

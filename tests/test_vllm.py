@@ -94,6 +94,27 @@ def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores():
     assert len(samples[0]) == 4 and all(len(s.logprobs) >= 1 for s in samples[0])
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_cpu_samples_many_seeded_long_prompts_at_once_without_dying():
+    """vLLM's CPU build dies when a step holds a seeded request whose prompt it has only partly prefilled ("CPU
+    Generator does not use offset"); its default token budget (2,048 a step) splits the prompts of 24 sequences of
+    300 tokens. The server the backend starts (`backends.server_command`) has a budget for every slot's prompt."""
+    import numpy as np
+
+    from shared import shared_server_still_the_first
+
+    from sweet_jax.sweet import endpoints
+
+    url, _ = shared_vllm()
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 128000, 300).tolist() for _ in range(12)]
+    samples = endpoints.sample(endpoints.Server(url, "hf"), prompts, n=2, temperature=1.0, max_tokens=8,
+                               seeds=list(range(12)), stop=[128009])
+    assert [len(s) for s in samples] == [2] * 12
+    assert shared_server_still_the_first("vllm")  # the clients' retries would hide a death and a restart
+
+
 CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
 VLLM_RUN = [
     "--config.inference.backend=vllm", f"--config.inference.vllm_python={VLLM_PYTHON}",

