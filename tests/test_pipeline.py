@@ -63,6 +63,7 @@ def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
 
 # The tiny pipeline made smaller: what is tested is the running and resuming of every stage, not what it learns.
 SMALL = ["--config.tasks.num_train=60", "--config.tasks.num_test=4", "--config.collect.rollouts=3",
+         "--config.serve.max_batch=16",  # see test_frontend_pipeline.py: the engine steps every decode slot
          "--config.test.rollouts=1", "--config.best_of_n_eval.ns=1,2", "--config.best_of_n_eval.repeats=1",
          "--config.best_of_n.n=4", "--config.best_of_n.max_tokens=8", "--config.best_of_n.batch=2",
          "--config.pretrain.overrides=('train.epochs=1',)",

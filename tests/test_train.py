@@ -100,7 +100,14 @@ def test_objectives_train_and_export(tmp_path, config, extra):
             cfg, params, _ = load_model(str(path))
             assert cfg.score_head and params["score"].shape == (cfg.hidden_size,)
     assert (tmp_path / "run" / "hf" / "tokenizer.json").exists()
-    assert glob.glob(str(tmp_path / "run" / "tb" / "events.out.tfevents.*"))
+    # TensorBoard's file holds the held-out metrics at the last step, as the summary gives them
+    from test_tensorboard import read_events
+
+    [events_file] = glob.glob(str(tmp_path / "run" / "tb" / "events.out.tfevents.*"))
+    last = {v.tag: v.simple_value for e in read_events(events_file) if e.step == result["steps"]
+            for v in e.summary.value}
+    for k, v in result["held_out"].items():
+        assert last[f"eval/{k}"] == pytest.approx(v, rel=1e-5, abs=1e-6), k
 
 
 def test_bad_data_fails_with_file_line_and_leaves_no_checkpoint(tmp_path):

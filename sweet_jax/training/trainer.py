@@ -371,8 +371,8 @@ def run(cfg) -> dict:
 
     writer = None
     if cfg.train.tensorboard and leader:
-        from tensorboardX import SummaryWriter
-        writer = SummaryWriter(os.path.join(run_dir, "tb"))
+        from sweet_jax.training.tensorboard import ScalarWriter
+        writer = ScalarWriter(os.path.join(run_dir, "tb"))
     # Every logged train and held-out point, one JSON object per line, for `sweet_jax.report` and for scripts. After
     # a resume, steps past the restored checkpoint are logged again: readers keep the last line per (split, step).
     log_lines = open(os.path.join(run_dir, "log.jsonl"), "a") if leader else None
