@@ -101,7 +101,7 @@ def _server_pids(root: str) -> list[int]:
 def shared_server(name: str, start: Callable[[str], object]) -> str:
     """The URL of this run's server `name`, started once by `start(directory)` (a healthy `ManagedServer`, or any
     object with `url` and `proc`), restarted by the next asker if it has died."""
-    from sweet_jax.inference.backends import healthy
+    from sweet_jax.colbench.client import healthy
 
     state = os.path.join(run_dir(), name + ".server.json")
     with _locked(name + ".server"):

@@ -174,3 +174,38 @@ def test_parse_text_inverts_render_text():
         assert [m["role"] for m in parsed] == [m["role"] for m in messages]
         assert [m["content"] for m in parsed[1:]] == [m["content"] for m in messages[1:]]
         assert parsed[0]["content"].endswith("Be brief.")
+
+
+def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_without_torch(tmp_path):
+    """`load_tokenizer` gives the class, tokens, specials and chat template that AutoTokenizer gives, for the bundled
+    tokenizer and for a model export's copy of it (tokenizer_class "TokenizersBackend"), and a process that loads it
+    has not imported torch (AutoTokenizer's import does, when torch is installed)."""
+    import json
+    import subprocess
+    import sys
+
+    import budget
+    from transformers import AutoTokenizer
+
+    bundled = bundled_llama3_tokenizer_dir()
+    AutoTokenizer.from_pretrained(bundled).save_pretrained(tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "TokenizersBackend"
+    texts = ["<|start_header_id|>user<|end_header_id|>\n\nWrite `def f(x):\n    return x`<|eot_id|>",
+             "  leading spaces, \u00e9t\u00e9, \u4e2d\u6587, emoji \U0001f600 and <|reserved_special_token_7|>", ""]
+    for directory in (bundled, str(tmp_path / "export")):
+        auto, ours = AutoTokenizer.from_pretrained(directory), load_tokenizer(directory)
+        assert type(ours) is type(auto) and len(ours) == len(auto)
+        assert ours.all_special_ids == auto.all_special_ids and ours.chat_template == auto.chat_template
+        for text in texts:
+            for special in (True, False):
+                ids = auto.encode(text, add_special_tokens=special)
+                assert ours.encode(text, add_special_tokens=special) == ids
+                for skip in (True, False):
+                    assert ours.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+    code = ("import sys; from sweet_jax.chat import load_tokenizer; from sweet_jax.chat.llama3 import "
+            "bundled_llama3_tokenizer_dir as d; load_tokenizer(d()); load_tokenizer(sys.argv[1]); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "export")], capture_output=True, text=True,
+                          timeout=budget.time_left())
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -50,6 +50,24 @@ def test_reads_valid_file_in_streaming_and_eager_modes(tmp_path):
         assert got[1].source == f"{f}:2"
 
 
+def test_a_jsonl_file_is_read_without_importing_hf_datasets_or_torch(tmp_path):
+    """A JSONL file is read line by line: HF datasets, and through it torch, stay unimported (seconds of every
+    training job's start), and blank lines still count in the line numbers."""
+    import subprocess
+    import sys
+
+    import budget
+
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps(_traj()) + "\n\n" + json.dumps(_traj(0.3, 12)) + "\n")
+    code = ("import sys; from sweet_jax.data.trajectories import read_trajectories; "
+            "got = list(read_trajectories(sys.argv[1])); assert [t.source[-2:] for t in got] == [':1', ':3'], got; "
+            "bad = [m for m in ('datasets', 'torch') if m in sys.modules]; assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True,
+                          timeout=budget.time_left())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_parquet_input(tmp_path):
     import datasets
 
@@ -60,7 +78,7 @@ def test_parquet_input(tmp_path):
 
 
 BAD = [
-    ("{not json", "malformed JSON"),
+    ("{not json", "not valid JSON"),
     ({"dialogue_history": [], "reward": 1.0}, "field 'task': missing"),
     ({"task": {}, "dialogue_history": [], "reward": 1.0}, "field 'dialogue_history': empty dialogue"),
     ({"task": {}, "dialogue_history": [{"role": "user", "content": "hi"}], "reward": 1.0},

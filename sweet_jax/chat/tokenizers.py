@@ -3,18 +3,35 @@ directory, else the tokenizer bundled with the model's chat format. Imports no J
 
 from __future__ import annotations
 
+import json
 import os
 
 from sweet_jax.chat.formats import get_format
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """Load an HF tokenizer directory (local; nothing is downloaded)."""
-    from transformers import AutoTokenizer
+# The class AutoTokenizer picks for these `tokenizer_class` names (one class in transformers 5): the Llama-3 tokenizer
+# bundled with the chat format, and every export of a model that has it
+FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load an HF tokenizer directory (local; nothing is downloaded). A directory whose tokenizer_config.json names
+    one of `FAST_CLASSES` is loaded by that class directly, as AutoTokenizer would load it: importing AutoTokenizer
+    imports torch whenever torch is installed (several seconds of every job's start on a CPU)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: tokenizer directory not found")
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            named = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if named in FAST_CLASSES and os.path.exists(os.path.join(path, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 

@@ -46,11 +46,12 @@ def _retryable(e: Exception) -> bool:
     return isinstance(e, openai.APIStatusError) and (e.status_code >= 500 or e.status_code in (408, 409, 429))
 
 
-def _answers(url: str) -> bool:
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at `url` (its root, without /v1) answers /health."""
     try:
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
+        with urllib.request.urlopen(url + "/health", timeout=timeout):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
 
 
@@ -111,11 +112,11 @@ class LLMClient:
         if not isinstance(error, openai.APIConnectionError) or isinstance(error, openai.APITimeoutError):
             await asyncio.sleep(seconds)
             return
-        health = str(client.base_url).rstrip("/").removesuffix("/v1") + "/health"
+        root = str(client.base_url).rstrip("/").removesuffix("/v1")
         deadline, seen_down = time.monotonic() + seconds, False
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(1.0, left))
-            up = await asyncio.to_thread(_answers, health)
+            up = await asyncio.to_thread(healthy, root)
             if up and seen_down:
                 return
             seen_down = seen_down or not up

@@ -21,6 +21,7 @@ import os
 from typing import Any, Iterator
 
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.jsonl import parse_object
 
 ROLES = ("user", "assistant")
 
@@ -98,23 +99,29 @@ def validate_record(record: Any, where: str) -> Trajectory:
                       source=where)
 
 
+def _jsonl_rows(path: str, lines) -> Iterator[tuple[str, Any]]:
+    """(path:line, parsed record or a DataError) for every non-blank line."""
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                yield f"{path}:{lineno}", parse_object(line, f"{path}:{lineno}")
+            except DataError as e:
+                yield f"{path}:{lineno}", e
+
+
 def _rows(path: str, streaming: bool, split: str) -> Iterator[tuple[str, Any]]:
-    """(where, parsed record or a DataError) for every row, read through HF datasets."""
+    """(where, parsed record or a DataError) for every row: a local JSONL file line by line, parquet files and hub
+    datasets through HF datasets (whose import, for a JSONL file, would cost more than reading it: it imports torch
+    whenever torch is installed)."""
+    local = os.path.exists(path)
+    if local and path.endswith((".jsonl", ".json")):
+        with open(path, encoding="utf-8") as lines:
+            yield from _jsonl_rows(path, lines)
+        return
     import datasets
 
     datasets.disable_progress_bars()
-    local = os.path.exists(path)
-    if local and path.endswith((".jsonl", ".json")):
-        ds = datasets.load_dataset("text", data_files=path, split="train", streaming=streaming)
-        for lineno, row in enumerate(ds, start=1):
-            line = row["text"]
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                yield f"{path}:{lineno}", DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})")
-    elif local and path.endswith(".parquet"):
+    if local and path.endswith(".parquet"):
         ds = datasets.load_dataset("parquet", data_files=path, split="train", streaming=streaming)
         for i, row in enumerate(ds, start=1):
             yield f"{path}:row {i}", row

@@ -24,8 +24,8 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
+
+from sweet_jax.colbench.client import healthy
 
 log = logging.getLogger("sweet_jax.inference")
 BACKENDS = ("sweet_jax", "vllm", "describer", "endpoint")
@@ -106,15 +106,6 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
 
         return [python, *command_line("describer", DescriberSettings(port=port, served_model_name=name)), *extra]
     raise ServerError(f"backend {s.backend!r} starts no server")
-
-
-def healthy(url: str, timeout: float = 2.0) -> bool:
-    """Whether the server at `url` (its root, without /v1) answers /health."""
-    try:
-        urllib.request.urlopen(url + "/health", timeout=timeout)
-        return True
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
 
 
 class ManagedServer:
