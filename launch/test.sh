@@ -15,7 +15,10 @@ if [ "${SWEET_JAX_VLLM:-1}" != 0 ] && [ -z "${SWEET_JAX_VLLM_PYTHON:-}" ]; then
     bash launch/setup_vllm.sh > "$VLLM_OUT" &
     VLLM_PID=$!
 fi
-bash launch/setup.sh || exit $?
+if ! bash launch/setup.sh; then
+    [ -n "$VLLM_OUT" ] && kill "$VLLM_PID" 2>/dev/null  # no install left running behind a failed set-up
+    exit 1
+fi
 if [ -n "$VLLM_OUT" ]; then
     wait "$VLLM_PID" || exit $?
     SWEET_JAX_VLLM_PYTHON="$(tail -n 1 "$VLLM_OUT")"
