@@ -11,19 +11,19 @@ from sweet_jax.training.defaults import recipe_tiny
 
 
 def get_config():
-    # The tiny Llama (random init; the vocabulary is the Llama-3 tokenizer's) with init std 0.1, ~1/sqrt(hidden). At
+    # The tiny Llama (random init; the Llama-3 tokenizer cut to 8k entries) with init std 0.1, ~1/sqrt(hidden). At
     # the 8B's 0.02 a 64-wide model starts with near-zero attention logits, and the circuit the critic needs (attend
     # from the answer's constant to the one in the information) sits on a long plateau.
     c = recipe_tiny("critic", "critic_tiny")
     c.data.kind = "trajectory_pairs"
     c.data.with_info = True
-    c.data.score_span = "response"  # the final answer only: the tiny job's cost is the 128k-vocab head
+    c.data.score_span = "response"  # the final answer only: the tiny job's cost is the vocabulary projection
     c.data.synthetic.num_tasks = 800
     c.loss.beta = 1.0
     c.loss.reduction = "trajectory_mean"
     c.optim.lr = 3e-3
     # The random embedding (tied, so also the LM head) stays fixed: near-orthogonal rows make copying a constant from
-    # the information a clean circuit, and the 128k x 64 table needs no gradient or Adam state.
+    # the information a clean circuit, and the 8k x 64 table needs no gradient or Adam state.
     c.optim.freeze = "embed"
     c.train.epochs = 2
     c.train.eval_every = 60

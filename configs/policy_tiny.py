@@ -7,15 +7,15 @@ sequence, NLL 0.01 over the whole chosen sequence. Learning rate is a tiny-model
 
 import ml_collections
 
-from sweet_jax.training.defaults import base_config
+from sweet_jax.training.defaults import TINY_MODEL, TINY_TOKENIZER, base_config
 
 
 def get_config():
     c = base_config()
     c.objective = "dpo"
-    c.model.preset = "tiny"  # random init; the vocabulary is the Llama-3 tokenizer's
-    c.model.preset_overrides = ml_collections.ConfigDict(dict(hidden_size=64, intermediate_size=176, num_layers=2,
-                                                              num_heads=4, num_kv_heads=2))
+    c.tokenizer_path = TINY_TOKENIZER  # the Llama-3 tokenizer cut down to 8k entries
+    c.model.preset = "tiny"  # random init
+    c.model.preset_overrides = ml_collections.ConfigDict(TINY_MODEL)
     c.data.kind = "ranked_pairs"
     c.data.synthetic.num_tasks = 150
     c.data.num_pairs = 4

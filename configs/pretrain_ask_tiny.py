@@ -23,5 +23,5 @@ def get_config():
     c.optim.freeze = "embed"
     c.train.epochs = 2
     c.train.eval_every = 170
-    c.train.checkpoint_every = 170  # each checkpoint holds the 128k x 64 head and its Adam moments
+    c.train.checkpoint_every = 170  # each checkpoint holds the 8k x 64 head and its Adam moments
     return c

@@ -6,7 +6,7 @@ SYNTHETIC tasks, not ColBench: the "ask" domain (`sweet_jax.colbench.synthetic`)
 tells when asked "Which number should it use?". A vague question gets "I do not know.", and an agent that answers at
 once must guess. So whether an episode succeeds is decided by its first turn: a credit-assignment problem.
 
-A random-init tiny Llama (Llama-3 tokenizer) is first pre-trained on scripted dialogues of the domain
+A random-init tiny Llama (the Llama-3 tokenizer cut to 8k entries) is first pre-trained on scripted dialogues of the domain
 (configs/pretrain_ask_tiny.py). It then plays both parts, agent and simulator, served by `sweet_jax.serve`, through
 the real ColBench backend episode and sandboxed scoring: it collects the offline data, and it is the starting point of
 the critics, of the SWEET actor and of the baselines. Critic and actor settings are those of configs/critic_tiny.py
@@ -15,6 +15,8 @@ and configs/policy_tiny.py with the overrides below.
 
 import ml_collections
 
+from sweet_jax.training.defaults import TINY_MODEL, TINY_TOKENIZER
+
 
 def get_config():
     c = ml_collections.ConfigDict()
@@ -22,8 +24,7 @@ def get_config():
     c.policy_init = ""  # an HF directory; empty: the pre-trained tiny Llama (or the random init, with no pretrain)
     c.simulator = ""  # an HF directory served as the simulated human; empty: the initial policy model
     c.init = ml_collections.ConfigDict(dict(
-        seed=0, std=0.1, overrides=dict(hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
-                                        num_kv_heads=2, tie_word_embeddings=False),
+        seed=0, std=0.1, overrides=dict(TINY_MODEL, tie_word_embeddings=False), tokenizer=TINY_TOKENIZER,
         # the untied LM head starts as the transposed embedding: copying the constant from the hidden code (the
         # simulator) or from the reply (the agent) is then learned within a few hundred steps; from an independent
         # random head it was not learned at all in this budget
@@ -66,7 +67,7 @@ def get_config():
     # two stages at a time where they do not depend on each other: a tiny-model job keeps about 1.5 of 2 cores busy
     c.jobs = 2
     # overrides: "key=value" strings passed on as --config.key=value
-    # Every fine-tuning stage keeps the tiny model's 128k x 64 input embedding and LM head fixed (toy-scale setting,
+    # Every fine-tuning stage keeps the tiny model's 8k x 64 input embedding and LM head fixed (toy-scale setting,
     # as configs/critic_tiny.py freezes its tied embedding).
     frozen = "optim.freeze=embed,lm_head"
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_tiny.py", overrides=(
@@ -79,7 +80,7 @@ def get_config():
     c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,16", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=32, batch=8))
     # no_header: the judge scores the candidate alone, not the turn's 4 assistant-header tokens with it. Pre-training
-    # never trained the tiny model on header tokens, so their log-probs are near ln(1/128k) and dominate the mean of a
+    # never trained the tiny model on header tokens, so their log-probs are near ln(1/8k) and dominate the mean of a
     # short candidate: with them the critic ranked any immediate answer above the question that earns the constant.
     c.rank = ml_collections.ConfigDict(dict(reference="sampler", use_sum=False, no_info=False, no_header=True))
     c.pairs = ml_collections.ConfigDict(dict(num_pairs=4))

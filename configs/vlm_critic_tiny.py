@@ -14,6 +14,7 @@ from sweet_jax.training.defaults import recipe_tiny
 
 def get_config():
     c = recipe_tiny("reward", "vlm_critic_tiny")
+    c.tokenizer_path = ""  # the model directory's (the Llama-3 tokenizer with Qwen2-VL's special tokens)
     c.model.preset = "qwen2-vl-tiny"
     c.model.preset_overrides = {}
     c.data.kind = "image_pairs"

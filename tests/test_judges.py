@@ -75,6 +75,35 @@ def test_llm_judge_is_the_yes_minus_no_log_odds_of_the_whole_prompt(setup):
         assert score == pytest.approx(float(lp[yes] - lp[no]), abs=1e-4)
 
 
+def test_llm_judge_with_a_tokenizer_that_splits_yes_scores_the_log_odds_of_the_whole_answers(setup):
+    """The toy configs' 8k tokenizer writes "Yes" as two tokens ("Y", "es"): the score is log p(Y, es) - log p(No),
+    each answer's tokens after the whole prompt."""
+    d, task, prompt, _ = setup
+    from sweet_jax.chat import load_tokenizer, tokenizer_dir
+
+    tok = load_tokenizer(tokenizer_dir("bundled:llama3-8k"))
+    yes, no = (tok.encode(a, add_special_tokens=False) for a in ("Yes", "No"))
+    assert len(yes) == 2 and len(no) == 1
+    cfg = CFG.replace(vocab_size=8192)
+    params = models.init_params(cfg, jax.random.key(2), std=0.3)
+    models.save_hf_params(params, cfg, d / "lm8k")
+    judge = Judge(str(d / "lm8k"), kind="llm", tokenizer="bundled:llama3-8k")
+    got = judge(prompt, task["ground_truth"], CANDIDATES, [0.0] * 3, [0.0] * 3)
+    messages = [m for m in judge.chat.parse_text(prompt) if m["role"] != "system"]
+    for cand, score in zip(CANDIDATES, got):
+        question = LLM_JUDGE_PROMPT.format(
+            info=LLM_JUDGE_INFO.format(ground_truth=task["ground_truth"].strip()),
+            dialogue="\n\n\n\n".join(f"{m['role']}:{m['content'].strip()}" for m in messages), candidate=cand.strip())
+        ids = tok.encode(render_text([{"role": "user", "content": question}], add_generation_prompt=True),
+                         add_special_tokens=False)
+
+        def answer_logprob(answer):
+            lp = objectives.token_logprobs(params, cfg, jnp.asarray([ids + answer]))[0]
+            return float(lp[-len(answer):].sum())
+
+        assert score == pytest.approx(answer_logprob(yes) - answer_logprob(no), abs=1e-4)
+
+
 def test_a_judge_of_the_wrong_kind_for_its_model_is_refused(setup):
     d, *_ = setup
     with pytest.raises(DataError, match="score-head model"):

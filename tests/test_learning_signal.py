@@ -2,7 +2,8 @@
 
 SYNTHETIC data (`colbench.synthetic`): the constant of each task's function lives only in the reference code, so a
 critic that sees it (the training-time information) can learn which final answer is right, and the same recipe
-without it cannot beat chance. Both runs use the config exactly as shipped: this is the README's main job.
+without it cannot beat chance. Both runs use the config as shipped (the critic that the README's `train.sh` trains);
+the control holds out 30% of the tasks instead of 10%, which measures its chance level to +-0.04 instead of +-0.07.
 """
 
 import json
@@ -29,9 +30,14 @@ def _held_out_accuracy(done: subprocess.CompletedProcess) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_critic_learns_from_the_information_and_stays_at_chance_without(tmp_path):
-    # the two jobs run side by side: each keeps about 1.5 of 2 CPU cores busy
+    # The two jobs run side by side: each keeps about 1.5 of 2 CPU cores busy. Without the information a critic
+    # still learns priors over the constants from its training tasks, which are worth nothing on new tasks but sway
+    # their pairs together: its held-out accuracy is chance plus the noise of the held-out tasks (one standard error
+    # 0.5 / sqrt(tasks with a pair): 0.065 over the 80 tasks of a 10% split, where data seeds 0, 1, 2 gave 0.65,
+    # 0.59, 0.45; 0.037 over the 240 of a 30% split)
     jobs = budget.run_side_by_side([_cmd(tmp_path / "with_info"),
-                                    _cmd(tmp_path / "without_info", "--config.data.with_info=False")], cwd=ROOT)
+                                    _cmd(tmp_path / "without_info", "--config.data.with_info=False",
+                                         "--config.data.eval_fraction=0.3")], cwd=ROOT)
     with_info, without = (_held_out_accuracy(done) for done in jobs)
     print(f"held-out pair accuracy: {with_info:.3f} with the information, {without:.3f} without")
     assert with_info >= 0.9, f"with the information: {with_info:.3f}"

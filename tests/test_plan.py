@@ -23,11 +23,14 @@ def _plan(*args):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
 
 
-# One training token of critic_tiny's model (hidden 64, MLP 176, 1 layer, 4 heads and 2 KV heads of 16, the Llama-3
-# vocabulary of 128,256, 256-token rows), by hand: 6 FLOPs (forward and backward) per matmul weight (q 64x64, k and v
-# 64x32, o 64x64, gate/up/down 3 x 64x176, the tied LM head 64x128256 = 8,254,464 weights) and 3 x the causal
-# attention's forward (scores and weighted values, 2 x 2 x 4 x 16 x 256/2 = 32,768): 49,526,784 + 98,304.
-TINY_FLOPS_PER_TOKEN = 49_625_088
+# One training token of critic_tiny's model (hidden 64, MLP 176, 1 layer, 4 heads and 2 KV heads of 16, the cut-down
+# Llama-3 vocabulary of 8,192, 256-token rows), by hand: 6 FLOPs (forward and backward) per matmul weight (q 64x64, k
+# and v 64x32, o 64x64, gate/up/down 3 x 64x176, the tied LM head 64x8192 = 570,368 weights) and 3 x the causal
+# attention's forward (scores and weighted values, 2 x 2 x 4 x 16 x 256/2 = 32,768): 3,422,208 + 98,304.
+TINY_FLOPS_PER_TOKEN = 3_520_512
+# The same with the full Llama-3 vocabulary: the tied LM head 64x128256 = 8,254,464 weights, 49,526,784 + 98,304.
+FULL_VOCAB = "--config.model.preset_overrides.vocab_size=128256"
+FULL_VOCAB_FLOPS_PER_TOKEN = 49_625_088
 
 
 def test_plan_reports_per_device_memory_that_matches_the_shapes(tmp_path):
@@ -38,7 +41,7 @@ def test_plan_reports_per_device_memory_that_matches_the_shapes(tmp_path):
     doc = json.loads(out.read_text())
     p = doc["plan"]
     cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=176, num_layers=1, num_heads=4,
-                                    num_kv_heads=2, tie_word_embeddings=True)
+                                    num_kv_heads=2, tie_word_embeddings=True, vocab_size=8192)
     # Every matrix splits over fsdp=2 and the (2L + 1) RMSNorm scales are replicated (f32); the frozen tied
     # embedding has no Adam state, the rest has two moments.
     norms = (2 * cfg.num_layers + 1) * cfg.hidden_size
@@ -81,11 +84,13 @@ def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
 @pytest.mark.slow
 def test_a_packed_plan_compiles_one_prefix_shared_row_per_pair_and_needs_less(tmp_path):
     """--turn-len plans what the trainer runs on pairs that share a history: one row of history + two turns per pair
-    (a 224-token history and two 32-token turns here, padded to the 384-token row bucket) instead of two full rows."""
+    (a 224-token history and two 32-token turns here, padded to the 384-token row bucket) instead of two full rows.
+    With the full 128k vocabulary, where the vocabulary projection's working set outweighs the attention scores (as
+    at 8B): with the toy configs' 8k one, the padded row's larger attention scores take more than the packing saves."""
     plain, packed = tmp_path / "plain.json", tmp_path / "packed.json"
-    proc = _plan("--mesh", "fsdp=2", "--json", str(plain))
+    proc = _plan("--mesh", "fsdp=2", FULL_VOCAB, "--json", str(plain))
     assert proc.returncode == 0 and "plan that with --turn-len N" in proc.stdout, proc.stderr[-3000:]
-    proc = _plan("--mesh", "fsdp=2", "--turn-len", "32", "--json", str(packed))
+    proc = _plan("--mesh", "fsdp=2", FULL_VOCAB, "--turn-len", "32", "--json", str(packed))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("8 pairs = 8 prefix-shared rows x 384 tokens (a 224-token history, then two 32-token turns, 96 tokens of "
             "padding to the row bucket)") in proc.stdout
@@ -93,7 +98,7 @@ def test_a_packed_plan_compiles_one_prefix_shared_row_per_pair_and_needs_less(tm
     p, q = json.loads(plain.read_text())["plan"], json.loads(packed.read_text())["plan"]
     assert (q["micro_batch_size"], q["sequences"], q["seq_len"], q["turn_len"], q["row_len"]) == (8, 8, 256, 32, 384)
     assert (p["sequences"], p["turn_len"], p["row_len"]) == (16, 0, 256)
-    assert q["model_flops"] == TINY_FLOPS_PER_TOKEN * 8 * 288  # 288 tokens a pair, not 512
+    assert q["model_flops"] == FULL_VOCAB_FLOPS_PER_TOKEN * 8 * 288  # 288 tokens a pair, not 512
     assert q["params_bytes"] == p["params_bytes"] and q["temp_bytes"] < p["temp_bytes"]
     for bad, message in [
             (("--turn-len", "256"), "turn_len=256 must be between 1 and the sequence length - 1"),

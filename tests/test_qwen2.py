@@ -158,8 +158,11 @@ def test_critic_and_dpo_jobs_train_a_tiny_qwen2_with_its_chatml_tokenizer(tmp_pa
     from system import smollm2_dir
     from test_train import _cmd
 
+    # the vocabulary is the tokenizer's (the tiny configs' own is their 8k cut of Llama-3's)
     proc = subprocess.run(_cmd(config, tmp_path / "run", "--config.model.preset=qwen2-tiny",
-                               f"--config.tokenizer_path={smollm2_dir()}", "--config.data.synthetic.num_tasks=12",
+                               f"--config.tokenizer_path={smollm2_dir()}",
+                               "--config.model.preset_overrides.vocab_size=49152",
+                               "--config.data.synthetic.num_tasks=12",
                                "--config.train.epochs=1"),
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
                           text=True, timeout=budget.time_left())

@@ -173,9 +173,10 @@ def test_packed_pairs_train_like_plain_pairs(tmp_path):
 def test_packed_examples_train_like_plain_examples(tmp_path):
     """Rejection fine-tuning on rows of several examples (the default) and on one example per row: the same held-out
     metrics and weights."""
-    # the synthetic examples are 108-140 tokens (plain rows: 192): rows of 384 hold 2 or 3 of them, 25% fewer tokens
-    args = ("--config.optim.lr=1e-4", "--config.optim.batch_size=8", "--config.optim.micro_batch_size=8",
-            "--config.data.pack_length=384")
+    # the synthetic examples are 130-171 tokens (plain rows: 192): rows of 512 hold 3 of them, 11% fewer tokens in
+    # batches of 12 (in batches of 8, the 3 rows of 512 are as many tokens as 8 of 192)
+    args = ("--config.optim.lr=1e-4", "--config.optim.batch_size=12", "--config.optim.micro_batch_size=12",
+            "--config.data.pack_length=512")
     packed = _run("rft_tiny.py", tmp_path / "packed", *args)
     plain = _run("rft_tiny.py", tmp_path / "plain", *args, "--config.data.pack_examples=False")
     assert packed.returncode == 0 and plain.returncode == 0, (packed.stderr + plain.stderr)[-3000:]

@@ -213,6 +213,7 @@ def _train(vlm_dir, out, *extra):
         [sys.executable, "-m", "sweet_jax.train", "--config", os.path.join(ROOT, "configs", "critic_tiny.py"),
          f"--config.train.output_dir={out}", "--config.objective=reward", "--config.data.kind=image_pairs",
          f"--config.data.path={vlm_dir / 'pairs.jsonl'}", f"--config.model.hf_path={vlm_dir / 'model'}",
+         "--config.tokenizer_path=",  # the model directory's, not the tiny text configs' 8k one
          "--config.data.with_info=False", "--config.optim.freeze=", "--config.data.score_span=all",
          "--config.optim.batch_size=4", "--config.optim.micro_batch_size=4", "--config.train.epochs=1",
          "--config.data.eval_fraction=0.25", "--config.train.eval_every=0", *extra],

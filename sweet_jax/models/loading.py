@@ -25,10 +25,11 @@ class ModelLoadError(RuntimeError):
     """A model directory that is neither an HF checkpoint nor a finished training run."""
 
 
-def model_config(model_cfg, *, score_head: bool = False):
+def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None = None):
     """The model config of a job's `model` settings (see `training.defaults`): the checkpoint's config.json
     (`model.hf_path`) or a preset (`model.preset`, `model.preset_overrides`), with the execution settings (dtypes,
-    remat policy, attention implementation). `score_head` puts a scalar score head in place of the LM head."""
+    remat policy, attention implementation). `score_head` puts a scalar score head in place of the LM head, whose
+    pad token is looked up in the job's tokenizer (`tokenizer`, else the model's, else the bundled one)."""
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
                      score_head=score_head)
@@ -41,11 +42,18 @@ def model_config(model_cfg, *, score_head: bool = False):
         cfg = load_config(model_cfg.hf_path, **overrides)
     else:
         cfg = preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
-    pad = chat.get_format(family_of(cfg).chat_format).score_pad_token_id
-    if cfg.score_head and cfg.pad_token_id is None and pad is not None and cfg.vocab_size > pad:
+    chat_format = family_of(cfg).chat_format
+    token = chat.get_format(chat_format).score_pad_token
+    if cfg.score_head and cfg.pad_token_id is None and token is not None:
         # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
         # so the pad must be a token that never occurs in text
-        cfg = cfg.replace(pad_token_id=pad)
+        try:
+            pad = chat.special_token_id(chat.tokenizer_dir(tokenizer, model_cfg.get("hf_path"),
+                                                           chat_format=chat_format), token)
+        except FileNotFoundError:  # no tokenizer at hand (a memory plan on a laptop): no pad to export
+            pad = None
+        if pad is not None and pad < cfg.vocab_size:
+            cfg = cfg.replace(pad_token_id=pad)
     return cfg
 
 
@@ -83,7 +91,8 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
         with open(os.path.join(path, "config.json")) as fh:
             run = ml_collections.ConfigDict(json.load(fh))
         score_head = run.get("objective", "") in SCORE_HEAD_OBJECTIVES
-        cfg = model_config(run.model, score_head=score_head).replace(compute_dtype=dtype)
+        cfg = model_config(run.model, score_head=score_head, tokenizer=run.get("tokenizer_path")).replace(
+            compute_dtype=dtype)
         if inference_layout:
             cfg = cfg.replace(param_dtype=dtype)
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))

@@ -1,5 +1,5 @@
-"""A random-init model written as an HF checkpoint directory with its chat format's bundled tokenizer: what the
-toy-scale pipelines start from (no download needed). `RandomInitSettings` is the flags of
+"""A random-init model written as an HF checkpoint directory with a tokenizer (by default its chat format's bundled
+one): what the toy-scale pipelines start from (no download needed). `RandomInitSettings` is the flags of
 `python -m sweet_jax.random_init`."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ class RandomInitSettings:
     seed: int = flag(0, help="init seed")
     std: float = flag(0.02, help="init standard deviation of the weights")
     overrides: str = flag("{}", help='config fields as a JSON object, e.g. {"hidden_size": 64, "num_layers": 2}')
+    tokenizer: str = flag("", help="the tokenizer written with the model, a directory or bundled:NAME (default: the "
+                                   "chat format's bundled one); the vocabulary is then its size rounded up to a "
+                                   "multiple of 64, unless --overrides sets vocab_size")
     head_from_embed: bool = flag(False, help="with untied embeddings, start the LM head as the transposed input "
                                              "embedding: a tiny model then learns to copy tokens from its context far "
                                              "sooner (the toy science check's init)")
@@ -38,7 +41,10 @@ def write_random_init(s: RandomInitSettings) -> dict:
     except json.JSONDecodeError as e:
         raise ConfigError(f"--overrides: not JSON ({e})") from None
     tokenizer = None
-    if getattr(preset(s.preset), "vision", None) is not None:
+    if s.tokenizer:
+        tokenizer = chat.find_tokenizer(s.tokenizer)
+        overrides = {"vocab_size": -(-len(tokenizer) // 64) * 64, **overrides}
+    elif getattr(preset(s.preset), "vision", None) is not None:
         # a vision-language model: the Llama-3 tokenizer with ChatML's and Qwen2-VL's special tokens, and the config's
         # special-token ids and vocabulary set to match it
         tokenizer = chat.vision_chatml_tokenizer()

@@ -11,7 +11,8 @@ Kinds (`Judge(kind=...)`), each given the information ("In light that the final 
   was trained on, information + history + candidate + the end-of-turn token.
 - "value": the value function (objective "value"): its logit of P(success) at the last token of that text.
 - "llm": LLM-as-judge. An instruct model reads the task, the information, the dialogue so far and the candidate, and
-  is asked whether the candidate is a good next message; the score is log p("Yes") - log p("No") of its answer. (The
+  is asked whether the candidate is a good next message; the score is log p("Yes") - log p("No") of its answer (of
+  each answer's tokens together, where the tokenizer splits it: the toy configs' 8k vocabulary has no "Yes"). (The
   paper's LLM judge compares candidates in pairs; this one scores each on its own, N prompts per state rather
   than N(N-1)/2.)
 
@@ -134,8 +135,6 @@ class Judge:
         self.kind, self.no_info, self.use_sum, self.no_header = kind, no_info, use_sum, no_header
         if kind == "llm":
             self.answers = [self.tok.encode(a, add_special_tokens=False) for a in ("Yes", "No")]
-            if any(len(a) != 1 for a in self.answers):
-                raise DataError(f"{model}: the LLM judge needs 'Yes' and 'No' to be single tokens")
 
     def __call__(self, prompt: str, ground_truth: str, candidates: list[str], sampler_mean: list[float],
                  sampler_sum: list[float], where: str = "") -> list[float]:
@@ -179,7 +178,7 @@ class Judge:
 
     def _llm(self, prompt: str, ground_truth: str, candidates: list[str], where: str) -> list[float]:
         from sweet_jax.colbench.prompts import render_dialogue
-        from sweet_jax.inference.prefix_scoring import next_token_logprobs
+        from sweet_jax.inference.prefix_scoring import continuation_logprobs, next_token_logprobs
 
         messages = [m for m in self.chat.parse_text(prompt) if m["role"] != "system"]
         if not messages:
@@ -191,6 +190,11 @@ class Judge:
         prefix = self.tok.encode(before, add_special_tokens=False)
         # the candidate is tokenised with the text after it: "?\n\n" may be one token of the vocabulary
         spans = [self.tok.encode(c.strip() + after, add_special_tokens=False) for c in candidates]
-        lp = next_token_logprobs(self.params, self.cfg, prefix, spans, [a[0] for a in self.answers],
-                                 placement=self.placement)
-        return [float(yes - no) for yes, no in lp]
+        yes, no = self.answers
+        if len(yes) == len(no) == 1:  # one vocabulary projection per candidate, at its end
+            lp = next_token_logprobs(self.params, self.cfg, prefix, spans, [yes[0], no[0]], placement=self.placement)
+            return [float(y - n) for y, n in lp]
+        # an answer of several tokens: the log-prob of all of them, each candidate continued by each answer
+        lp = continuation_logprobs(self.params, self.cfg, prefix, [s + a for s in spans for a in (yes, no)],
+                                   placement=self.placement)
+        return [float(lp[2 * i][-len(yes):].sum() - lp[2 * i + 1][-len(no):].sum()) for i in range(len(spans))]

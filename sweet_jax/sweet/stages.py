@@ -342,7 +342,7 @@ def _rewards(path: str, frontend: bool = False) -> dict:
 
 def _random_init(run: Run, stage: str, init) -> str:
     """A random-init model written by `python -m sweet_jax.random_init` to RUN/<stage>/hf, from an `init` section
-    (preset, seed, std, overrides, head_from_embed)."""
+    (preset, seed, std, overrides, head_from_embed, tokenizer)."""
     import ml_collections
 
     from sweet_jax.models.random_weights import RandomInitSettings
@@ -352,7 +352,7 @@ def _random_init(run: Run, stage: str, init) -> str:
     out = run.path(stage, "hf")
     run.job(stage, "random_init", RandomInitSettings(
         output=out, preset=init.get("preset", "tiny"), seed=init.seed, std=init.std, overrides=json.dumps(overrides),
-        head_from_embed=bool(init.get("head_from_embed", False))))
+        head_from_embed=bool(init.get("head_from_embed", False)), tokenizer=init.get("tokenizer", "")))
     return out
 
 

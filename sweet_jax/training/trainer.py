@@ -46,11 +46,11 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def model_config(model_cfg, objective: str = ""):
+def model_config(model_cfg, objective: str = "", tokenizer: str | None = None):
     """The job's model config (`models.model_config`); the "reward" and "value" objectives put a scalar score head
     in place of the LM head. A missing or bad checkpoint is a SetupError."""
     try:
-        return models.model_config(model_cfg, score_head=objective in obj.SCORE_HEAD)
+        return models.model_config(model_cfg, score_head=objective in obj.SCORE_HEAD, tokenizer=tokenizer)
     except models.ConfigError as e:
         raise SetupError(str(e)) from None
 
@@ -71,6 +71,18 @@ def load_job_tokenizer(cfg, chat_format: str):
     except (FileNotFoundError, OSError) as e:
         raise SetupError(f"no tokenizer ({e}); set --config.tokenizer_path to an HF tokenizer directory (the model's "
                          f"own directory works)") from None
+
+
+def check_vocabulary(splits, model_cfg, cfg) -> None:
+    """A SetupError when the data holds a token id outside the model's vocabulary: the tokenizer does not belong to
+    the model (a lookup past the embedding table would silently read a clamped row)."""
+    top = max((int(e.tokens.max()) for split in splits for item in split.items
+               for e in (item if isinstance(item, tuple) else (item,)) if len(e.tokens)), default=-1)
+    if top >= model_cfg.vocab_size:
+        raise SetupError(f"the data holds token id {top}, but the model's vocabulary has {model_cfg.vocab_size} "
+                         f"entries: the tokenizer ({cfg.tokenizer_path or cfg.model.hf_path or 'the bundled one'}) "
+                         f"does not belong to the model (settings tokenizer_path, model.hf_path, "
+                         f"model.preset_overrides.vocab_size)")
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -281,10 +293,14 @@ def run(cfg) -> dict:
     if leader:
         write_text(os.path.join(run_dir, "config.json"), cfg.to_json_best_effort(indent=2))
 
-    model_cfg = model_config(cfg.model, cfg.objective)
+    model_cfg = model_config(cfg.model, cfg.objective, cfg.tokenizer_path)
     chat_format = models.family_of(model_cfg).chat_format
     tokenizer = load_job_tokenizer(cfg, chat_format)
     fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
+    try:
+        fmt.tokenized(tokenizer)
+    except ValueError as e:  # e.g. a Llama-3 tokenizer given to a ChatML model
+        raise SetupError(f"{e}: the tokenizer does not fit the model (settings tokenizer_path, model.hf_path)") from None
     image_settings = ImageSettings.of_model(cfg.model.hf_path, min_pixels=cfg.data.get("image_min_pixels") or None,
                                             max_pixels=cfg.data.get("image_max_pixels") or None)
     train, held_out, stats = splits.build(cfg.data, tokenizer, run_dir, chat_format=fmt, model_cfg=model_cfg,
@@ -294,6 +310,7 @@ def run(cfg) -> dict:
              stats.truncated, len(train.items), len(held_out.items), "pairs" if train.paired else "examples")
     for err in stats.first_errors:
         log.warning("skipped: %s", err)
+    check_vocabulary((train, held_out), model_cfg, cfg)
 
     micro, batch = cfg.optim.micro_batch_size, cfg.optim.batch_size
     if batch % micro:
