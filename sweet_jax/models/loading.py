@@ -47,9 +47,10 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
     if cfg.score_head and cfg.pad_token_id is None and token is not None:
         # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
         # so the pad must be a token that never occurs in text
+        hf_path = model_cfg.get("hf_path")
         try:
-            pad = chat.special_token_id(chat.tokenizer_dir(tokenizer, model_cfg.get("hf_path"),
-                                                           chat_format=chat_format), token)
+            pad = chat.special_token_id(chat.tokenizer_dir(
+                tokenizer, hf_path if hf_path and chat.has_tokenizer(hf_path) else None, chat_format=chat_format), token)
         except FileNotFoundError:  # no tokenizer at hand (a memory plan on a laptop): no pad to export
             pad = None
         if pad is not None and pad < cfg.vocab_size:
