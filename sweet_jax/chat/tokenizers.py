@@ -9,6 +9,7 @@ projection, and 8k entries cost a sixteenth of 128k. Derived tokenizers are writ
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -61,9 +62,11 @@ def tokenizer_dir(*candidates: str | None, chat_format: str | None = None) -> st
     return get_format(chat_format).bundled_tokenizer_dir()
 
 
+@functools.lru_cache(maxsize=None)
 def bundled_tokenizer_dir(name: str) -> str:
     """The directory of the tokenizer `bundled:NAME`: a chat format's bundled tokenizer, or one of
-    `SMALL_VOCABULARIES`, cut from it on first use into ~/.cache/sweet_jax/tokenizers."""
+    `SMALL_VOCABULARIES`, cut from it on first use into ~/.cache/sweet_jax/tokenizers (its source hashed once per
+    process)."""
     if name in SMALL_VOCABULARIES:
         chat_format, size = SMALL_VOCABULARIES[name]
         src = get_format(chat_format).bundled_tokenizer_dir()

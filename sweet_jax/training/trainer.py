@@ -298,7 +298,7 @@ def run(cfg) -> dict:
     tokenizer = load_job_tokenizer(cfg, chat_format)
     fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
     try:
-        fmt.tokenized(tokenizer)
+        tokenized = fmt.tokenized(tokenizer)
     except ValueError as e:  # e.g. a Llama-3 tokenizer given to a ChatML model
         raise SetupError(f"{e}: the tokenizer does not fit the model (settings tokenizer_path, model.hf_path)") from None
     image_settings = ImageSettings.of_model(cfg.model.hf_path, min_pixels=cfg.data.get("image_min_pixels") or None,
@@ -353,7 +353,7 @@ def run(cfg) -> dict:
              jax.process_count())
     params0 = load_params(cfg.model, model_cfg, layout.params)
 
-    pad_id = fmt.tokenized(tokenizer).pad_id
+    pad_id = tokenized.pad_id
     batcher = Batcher(cfg, pad_id, layout, model_cfg)
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
     train_step = layout.train_step(**loss_kw)
