@@ -1,13 +1,14 @@
 """DPO train-step time: sweet_jax vs TRL's DPOTrainer (torch CPU), same tiny Llama, same pairs, same run.
 
 The pairs are SYNTHETIC ranked candidates (prompt = a templated multi-turn history, ~200 tokens; responses ~25
-tokens) tokenised with the real Llama-3 tokenizer (vocab 128,256). Both sides run sigmoid DPO with beta 0.1, batch 8
+tokens) tokenised with the real Llama-3 tokenizer (vocab 128,256; `--tokenizer bundled:llama3-8k` cuts it to 8,192 for a
+smoke run). Both sides run sigmoid DPO with beta 0.1, batch 8
 pairs, AdamW, with the frozen reference log-probs precomputed (TRL: precompute_ref_log_probs=True; sweet_jax: its
 reference cache), so a step is one policy forward + backward + update on each side. Each side runs in its own child
 process; the reported figure is the median step time after warm-up.
 
     python bench/dpo_step.py                  # hidden 256, 4 layers, 8 pairs per step
-    python bench/dpo_step.py --steps 4 --hidden 64 --layers 1
+    python bench/dpo_step.py --steps 4 --hidden 64 --layers 1 --tokenizer bundled:llama3-8k
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=8, help="pairs per step")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--tokenizer", default="bundled:llama3",
+                    help="a tokenizer directory or bundled:NAME; the model's vocabulary is its size")
     ap.add_argument("--worker", choices=["jax", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -124,11 +127,11 @@ def main(argv=None) -> int:
     import transformers
 
     from sweet_jax.chat import load_tokenizer
-    from sweet_jax.chat.llama3 import bundled_llama3_tokenizer_dir
+    from sweet_jax.chat.tokenizers import tokenizer_dir
 
     with tempfile.TemporaryDirectory() as d:
         args.ckpt = d
-        tok = load_tokenizer(bundled_llama3_tokenizer_dir())
+        tok = load_tokenizer(tokenizer_dir(args.tokenizer))
         torch.manual_seed(0)
         hf_cfg = transformers.LlamaConfig(
             vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),

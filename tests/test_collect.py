@@ -54,6 +54,7 @@ def _check_output(path, tasks, rollouts):
     return records
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_200_conversations_at_concurrency_32_lose_nothing_to_injected_faults(tmp_path):
     tasks = load_tasks(colbench_file("backend_test.jsonl"), "backend", limit=100)

@@ -154,6 +154,7 @@ def test_clip_image_features_match_hf(tmp_path):
     np.testing.assert_allclose(image_embedder(path)(pixels), ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_frontend_evaluator_end_to_end_with_clip_and_win_rate(renderer, tasks, tmp_path):
     _, clip_dir = _tiny_clip(tmp_path)
     shots = [renderer.render(t["ground_truth"], str(tmp_path / f"answer{i}.png")) for i, t in enumerate(tasks[:4])]

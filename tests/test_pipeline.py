@@ -40,6 +40,7 @@ def test_random_init_writes_a_loadable_checkpoint_with_the_head_from_the_embeddi
     assert tied.returncode == 2 and "needs untied embeddings" in tied.stderr
 
 
+@pytest.mark.slow
 def test_finished_stages_are_skipped_and_missing_inputs_are_named(tmp_path):
     run = tmp_path / "run"
     first = _pipeline(run, "--until", "data", *SCRIPTED)

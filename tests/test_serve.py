@@ -176,6 +176,7 @@ def test_collection_runs_against_the_server_as_agent_and_simulator(server, tmp_p
         assert rec["reward"] is not None
 
 
+@pytest.mark.slow
 def test_a_seeded_collection_replays_the_same_conversations_at_any_concurrency(server, tmp_path):
     """Continuous batching makes collection reproducible: the same seed, with 8 conversations in flight or one at a
     time, gives the same sampled conversations (agent at temperature 1)."""
