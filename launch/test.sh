@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite, slow tests included, on SWEET_JAX_TEST_WORKERS pytest-xdist
-# workers (default 3, also on 2 cores: most tests compile, which is single-threaded, or wait on the commands and
-# servers they start; with 2 workers a 2-core machine sat idle a fifth of the run). Every test runs under its time limit
-# (tests/budget.py), the heaviest start first, and the 25 slowest are listed at the end. Extra arguments go to
-# pytest, e.g.
+# workers (default 2: most tests compile, which is single-threaded, or wait on child processes). Every test runs under
+# its time limit (tests/budget.py), the heaviest start first, and the 25 slowest are listed at the end. Extra
+# arguments go to pytest, e.g.
 #   bash launch/test.sh -m "not slow"      bash launch/test.sh tests/test_chat.py -x      bash launch/test.sh -n 0
 #   bash launch/test.sh --record-durations   (after adding heavy tests: the seconds the scheduling works from)
 set -uo pipefail
@@ -27,7 +26,7 @@ if [ -n "$VLLM_OUT" ]; then
     export SWEET_JAX_VLLM_PYTHON
 fi
 VENV=${SWEET_JAX_VENV:-.venv}
-"$VENV/bin/python" -m pytest -ra --slowest=25 -n "${SWEET_JAX_TEST_WORKERS:-3}" "$@"
+"$VENV/bin/python" -m pytest -ra --slowest=25 -n "${SWEET_JAX_TEST_WORKERS:-2}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests for this selection"

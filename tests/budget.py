@@ -13,13 +13,16 @@
 - **Recording durations**: `--record-durations` writes this run's per-test seconds (setup + call + teardown) into
   `durations.json`, keeping the entries of tests that did not run. Re-record after adding heavy tests.
   `--slowest N` lists the N slowest tests at the end of the run, the seconds of each tier, and the tests with no mark
-  that took more than `FAST_TEST_S`.
+  that took more than `FAST_TEST_S`. Beside each test's seconds it gives the CPU-seconds it used: its worker's, and
+  those of the child processes it started and waited for (a server that a shared fixture starts counts for the test
+  that stops it). On a machine with fewer cores than workers, the run's time is about its CPU-seconds over the cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -167,8 +170,25 @@ def run_side_by_side(cmds: list[list[str]], envs: list[dict] | None = None, time
                 proc.wait()
 
 
+def _cpu_seconds() -> float:
+    """CPU-seconds of this process and of the children it has waited for, user and system."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries the CPU-seconds the test has used so far (`cpu`, in its user properties)."""
+    start = getattr(item, "_budget_cpu_start", None)
+    if start is not None:
+        item.user_properties[:] = [(k, v) for k, v in item.user_properties if k != "cpu"]
+        item.user_properties.append(("cpu", _cpu_seconds() - start))
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    item._budget_cpu_start = _cpu_seconds()
     limit = limit_of(item)
     _deadline[0] = time.monotonic() + limit
     timer = threading.Timer(limit + HARD_GRACE_S, _hard_stop, (item, limit))
@@ -182,13 +202,16 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 _seconds: dict[str, float] = {}
+_cpu: dict[str, float] = {}
 _tiers: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report):
     if report.when in ("setup", "call", "teardown"):
         _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
-        _tiers[report.nodeid] = dict(report.user_properties).get("tier", "fast")
+        props = dict(report.user_properties)
+        _tiers[report.nodeid] = props.get("tier", "fast")
+        _cpu[report.nodeid] = max(_cpu.get(report.nodeid, 0.0), props.get("cpu", 0.0))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -202,13 +225,18 @@ def pytest_terminal_summary(terminalreporter, config):
     n = config.getoption("slowest")
     if not n or hasattr(config, "workerinput") or not _seconds:
         return
-    terminalreporter.section(f"the {n} slowest tests (setup + call + teardown)")
+    terminalreporter.section(f"the {n} slowest tests (setup + call + teardown; the CPU-seconds they used)")
     for nodeid, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1])[:n]:
-        terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
-    terminalreporter.write_line(f"{sum(_seconds.values()):8.1f} s  in all, over {len(_seconds)} tests")
+        terminalreporter.write_line(f"{seconds:8.1f} s  cpu {_cpu.get(nodeid, 0.0):7.1f} s  {nodeid}")
+    terminalreporter.write_line(f"{sum(_seconds.values()):8.1f} s  cpu {sum(_cpu.values()):7.1f} s  in all, over "
+                                f"{len(_seconds)} tests")
     for tier in ("fast", "slow", "heavy"):
-        spent = [s for nodeid, s in _seconds.items() if _tiers.get(nodeid) == tier]
-        terminalreporter.write_line(f"{sum(spent):8.1f} s  the {tier} tier, {len(spent)} tests")
+        ids = [nodeid for nodeid in _seconds if _tiers.get(nodeid) == tier]
+        terminalreporter.write_line(f"{sum(_seconds[i] for i in ids):8.1f} s  cpu "
+                                    f"{sum(_cpu.get(i, 0.0) for i in ids):7.1f} s  the {tier} tier, {len(ids)} tests")
+    terminalreporter.write_line("the most CPU-seconds:")
+    for nodeid, cpu in sorted(_cpu.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{_seconds.get(nodeid, 0.0):8.1f} s  cpu {cpu:7.1f} s  {nodeid}")
     unmarked = sorted((s, nodeid) for nodeid, s in _seconds.items() if _tiers.get(nodeid) == "fast" and s > FAST_TEST_S)
     if unmarked:
         terminalreporter.write_line(f"took more than {FAST_TEST_S:.0f} s without the slow mark (mark them slow: "

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Set before jax is imported, here and in every child process. Tests compile the same tiny programs again and again,
-# in the workers and in the commands they run; an entry is a few hundred KiB, the oldest go past 4 GiB.
+# in the two workers and in the commands they run; an entry is a few hundred KiB, the oldest go past 4 GiB.
 CACHE = os.environ.setdefault("SWEET_JAX_TEST_CACHE", os.path.expanduser("~/.cache/sweet_jax/tests"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(CACHE, "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")

@@ -41,9 +41,10 @@ def test_a_hanging_test_fails_at_its_limit_and_the_run_goes_on(pytester, monkeyp
     assert "time.sleep(10_000)" in out  # the stack of where it hung
 
 
-def test_the_summary_gives_each_tiers_seconds_and_names_the_slow_tests_without_the_mark(pytester, monkeypatch):
+def test_the_summary_gives_each_tiers_seconds_and_cpu_and_names_the_slow_tests_without_the_mark(pytester,
+                                                                                                    monkeypatch):
     pytester.makepyfile(test_inner="""
-        import time, pytest
+        import subprocess, sys, time, pytest
 
         def test_quick():
             pass
@@ -52,8 +53,8 @@ def test_the_summary_gives_each_tiers_seconds_and_names_the_slow_tests_without_t
             time.sleep(1.5)
 
         @pytest.mark.slow
-        def test_marked():
-            time.sleep(1.5)
+        def test_marked():  # 1.5 CPU-seconds in a child process
+            subprocess.run([sys.executable, "-c", "import time\\nwhile time.process_time() < 1.5: pass"], check=True)
 
         @pytest.mark.slow
         @pytest.mark.timeout(30)
@@ -64,10 +65,17 @@ def test_the_summary_gives_each_tiers_seconds_and_names_the_slow_tests_without_t
     result = _inner(pytester, monkeypatch, "--slowest", "2")
     result.assert_outcomes(passed=4)
     out = result.stdout.str()
-    assert re.search(r"\n +1\.[5-9] s  test_inner\.py::test_(marked|unmarked_but_slow)\n +1\.[5-9] s  test_inner\.py::"
-                     r"test_(marked|unmarked_but_slow)\n +[\d.]+ s  in all, over 4 tests\n", out), out
-    assert re.search(r"\n +1\.[5-9] s  the fast tier, 2 tests\n +1\.[5-9] s  the slow tier, 1 tests\n +0\.\d s  the "
-                     r"heavy tier, 1 tests\n", out), out
+    line = r" +([\d.]+) s  cpu +([\d.]+) s  "
+    slowest = re.search(rf"\n{line}test_inner\.py::test_(marked|unmarked_but_slow)\n{line}test_inner\.py::"
+                        rf"test_(marked|unmarked_but_slow)\n{line}in all, over 4 tests\n", out)
+    assert slowest, out
+    seconds = {slowest.group(3): (float(slowest.group(1)), float(slowest.group(2))),
+               slowest.group(6): (float(slowest.group(4)), float(slowest.group(5)))}
+    assert 1.5 <= seconds["unmarked_but_slow"][0] < 3.0 and seconds["unmarked_but_slow"][1] < 0.5  # asleep
+    assert seconds["marked"][0] >= 1.5 and 1.5 <= seconds["marked"][1] < 3.0  # its child's CPU counted
+    assert re.search(rf"\n +1\.[5-9] s  cpu +0\.\d s  the fast tier, 2 tests\n{line}the slow tier, 1 tests\n +0\.\d s "
+                     rf" cpu +0\.\d s  the heavy tier, 1 tests\n", out), out
+    assert re.search(rf"the most CPU-seconds:\n{line}test_inner\.py::test_marked\n", out), out
     named = out.split("took more than 1 s without the slow mark")[1]
     assert re.search(r"1\.[5-9] s  test_inner\.py::test_unmarked_but_slow", named) and "test_marked" not in named
 
