@@ -16,6 +16,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 from budget import (  # noqa: E402,F401 - pytest finds the plugins' hooks here
-    pytest_addoption, pytest_collection_modifyitems, pytest_runtest_logreport, pytest_runtest_protocol,
-    pytest_sessionfinish, pytest_terminal_summary)
+    pytest_addoption, pytest_collection_modifyitems, pytest_runtest_logreport, pytest_runtest_makereport,
+    pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary)
 from shared import pytest_configure, pytest_unconfigure  # noqa: E402,F401
