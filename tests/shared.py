@@ -114,7 +114,10 @@ def shared_server(name: str, start: Callable[[str], object]) -> str:
         directory = os.path.join(run_dir(), name + ".server")
         os.makedirs(directory, exist_ok=True)
         server = start(directory)
-        # the watchdog thread of `server` dies with this worker; the process outlives it, until the run ends
+        # the process outlives this worker, until the run ends: no watchdog restarts it when the run stops it (with
+        # one process, the controlling process is this worker); the next asker restarts it if it dies
+        if hasattr(server, "unwatch"):
+            server.unwatch()
         write_json(state, {"url": server.url, "pid": server.proc.pid})
         return server.url
 

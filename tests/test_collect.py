@@ -159,6 +159,31 @@ def test_a_job_that_fails_while_its_server_restarts_runs_again_and_loses_nothing
     _check_output(out, tasks, 2)
 
 
+def test_an_unwatched_server_that_dies_stays_dead(tmp_path):
+    """`ManagedServer.unwatch`: a server handed to another owner (the tests' shared servers, stopped when the run
+    ends) is not restarted by the watchdog of the process that started it."""
+    import socket
+
+    from sweet_jax.colbench.client import healthy
+    from sweet_jax.inference.backends import ManagedServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = os.path.join(ROOT, "tests", "fake_openai.py")
+    server = ManagedServer([sys.executable, fake, str(port), colbench_file("backend_test.jsonl"), "1", "0"], port,
+                           str(tmp_path / "s.log"), start_timeout_s=60, what="fake server").start()
+    try:
+        server.unwatch()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+        time.sleep(2.5)  # the watchdog looks once a second
+        assert server.restarts == 0 and not healthy(server.url)
+        assert open(tmp_path / "s.log").read().count("\n$ ") == 1  # launched once
+    finally:
+        server.stop()
+
+
 def test_a_foreign_partial_file_is_refused_with_its_line(tmp_path):
     path = tmp_path / "x.partial"
     path.write_text('{"task_id": 0, "rollout": 0}\nnot json\n{"task_id": 1, "rollout": 0}\n')

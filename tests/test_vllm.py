@@ -65,7 +65,7 @@ def shared_vllm() -> tuple[str, str]:
                                    memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, extra_args=EAGER)
         return ManagedServer(server_command(settings, model, port, sys.executable), port,
                              os.path.join(directory, "vllm.log"), start_timeout_s=budget.time_left(),
-                             what="the tests' vLLM").start()
+                             what="tests' vLLM").start()
 
     return shared_server("vllm", start) + "/v1", model
 
