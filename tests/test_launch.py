@@ -121,3 +121,35 @@ def test_slurm_job_joins_every_task_into_one_job(tmp_path):
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     joined = sorted(line for line in job.stdout.splitlines() if line.startswith("JOINED"))
     assert joined == ["JOINED 0 2 4", "JOINED 1 2 4"], job.stdout
+
+
+def test_the_accelerator_extras_are_jaxs_own_at_the_pinned_jax():
+    """`pip install -e .[cuda]` / `.[tpu]` (what `launch/setup.sh --accelerator` installs) ask jax itself, at the
+    pinned version, for its CUDA 13 plugin or its libtpu, so the plugin always matches the pinned jaxlib. The extras
+    must exist in that jax's own metadata, and pin the plugin and jaxlib to that version."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    pins = dict(re.fullmatch(r"([\w.-]+)==(\S+)", d).groups() for d in project["dependencies"] if "==" in d)
+    version = pins["jax"]
+    assert pins["jaxlib"] == version == importlib.metadata.version("jax")
+    extras = project["optional-dependencies"]
+    assert extras["cuda"] == [f"jax[cuda13]=={version}"] and extras["tpu"] == [f"jax[tpu]=={version}"]
+    declared = importlib.metadata.requires("jax")
+    for extra, plugin in (("cuda13", "jax-cuda13-plugin"), ("tpu", "libtpu")):
+        wanted = [r for r in declared if r.endswith(f'extra == "{extra}"')]
+        assert any(r.startswith(f"jaxlib<={version},>={version}") for r in wanted), wanted
+        assert any(r.startswith(plugin) for r in wanted), wanted
+    assert any(r.startswith(f"jax-cuda13-plugin[with-cuda]<={version},>={version}") for r in declared)
+
+
+def test_setup_refuses_an_unknown_accelerator_before_installing_anything(tmp_path):
+    env = dict(os.environ, SWEET_JAX_VENV=str(tmp_path / "venv"))
+    for args, message in ((["--accelerator", "gpu"], "--accelerator 'gpu': expected cpu, cuda or tpu"),
+                          (["--cuda"], "unknown argument '--cuda'")):
+        proc = subprocess.run(["bash", os.path.join(ROOT, "launch", "setup.sh"), *args], capture_output=True,
+                              text=True, env=env, timeout=budget.time_left())
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "venv").exists()
