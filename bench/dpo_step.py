@@ -1,11 +1,11 @@
 """DPO train-step time: sweet_jax vs TRL's DPOTrainer (torch CPU), same tiny Llama, same pairs, same run.
 
 The pairs are SYNTHETIC ranked candidates (prompt = a templated multi-turn history, ~200 tokens; responses ~25
-tokens) tokenised with the real Llama-3 tokenizer (vocab 128,256; `--tokenizer bundled:llama3-8k` cuts it to 8,192 for a
-smoke run). Both sides run sigmoid DPO with beta 0.1, batch 8
-pairs, AdamW, with the frozen reference log-probs precomputed (TRL: precompute_ref_log_probs=True; sweet_jax: its
-reference cache), so a step is one policy forward + backward + update on each side. Each side runs in its own child
-process; the reported figure is the median step time after warm-up.
+tokens) tokenised with the real Llama-3 tokenizer (vocab 128,256; `--tokenizer bundled:llama3-8k` cuts it to 8,192
+for a smoke run). Both sides run sigmoid DPO with beta 0.1, batch 8 pairs, AdamW, with the frozen reference log-probs
+precomputed (TRL: precompute_ref_log_probs=True; sweet_jax: its reference cache), so a step is one policy forward +
+backward + update on each side. Each side runs in its own child process; the reported figure is the median step time
+after warm-up.
 
     python bench/dpo_step.py                  # hidden 256, 4 layers, 8 pairs per step
     python bench/dpo_step.py --steps 4 --hidden 64 --layers 1 --tokenizer bundled:llama3-8k

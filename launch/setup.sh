@@ -85,4 +85,4 @@ fi
 WARM="import jax, optax, orbax.checkpoint, transformers, sweet_jax, sweet_jax.training.trainer, sweet_jax.train, \
 sweet_jax.pipeline, sweet_jax.serve, sweet_jax.collect, sweet_jax.best_of_n, sweet_jax.evaluate, sweet_jax.chat.tokenizers"
 echo "[setup] ready: $VENV ($(env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c "$WARM
-print('jax', jax.__version__, 'on', jax.default_backend(), 'sweet_jax', sweet_jax.__version__)"))"
+print('jax', jax.__version__, 'sweet_jax', sweet_jax.__version__)"), for $ACCEL)"

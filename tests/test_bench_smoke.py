@@ -42,7 +42,8 @@ def test_logprob_memory_benchmark_runs():
 def test_dpo_step_benchmark_runs():
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "dpo_step.py"), "--steps", "3", "--hidden", "64", "--layers",
-         "1", "--pairs", "2", "--tokenizer", "bundled:llama3-8k"], capture_output=True, text=True, timeout=budget.time_left())
+         "1", "--pairs", "2", "--tokenizer", "bundled:llama3-8k"],
+        capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"ratio sweet_jax / TRL: [\d.]+x faster", proc.stdout), proc.stdout
 
