@@ -164,3 +164,91 @@ def test_static_query_blocks_run_one_at_a_time_in_both_directions():
     one_block_scores = 2 * 512 * 4096 * 4
     static, mapped = temporaries(lambda: None), temporaries(lambda: jnp.int32(0))
     assert static <= 1.25 * mapped and static < 5 * one_block_scores, (static, mapped)
+
+
+# ------------------------------------------------------------------ fused attention over segments (xla and cuDNN)
+_SEGMENTS = jnp.array([[1, 1, 2, 2, 2, 0],   # packed, then padding
+                       [1, 1, 1, 1, 1, 1],   # one segment
+                       [0, 0, 1, 1, 1, 1],   # left padding: the runs alone do not say what attends to what
+                       [3, 3, 3, 0, 0, 0],   # one segment, then padding
+                       [0, 0, 0, 0, 0, 0],   # padding only
+                       [1, 2, 3, 4, 5, 6]])  # more segments than the packed path takes (4 here)
+
+
+def test_segment_layout_by_hand():
+    layout = attention.segment_layout(_SEGMENTS, max_segments=4)
+    assert layout.offsets.tolist() == [[0, 2, -1, -1, -1], [0, -1, -1, -1, -1], [2, -1, -1, -1, -1],
+                                       [0, -1, -1, -1, -1], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]]
+    assert layout.lengths.tolist() == [[2, 3, -1, -1], [6, -1, -1, -1], [4, -1, -1, -1], [3, -1, -1, -1],
+                                       [-1, -1, -1, -1], [1, 1, 1, 1]]
+    assert layout.count.tolist() == [2, 1, 1, 1, 0, 6]
+    assert layout.runs_ok.tolist() == [True, True, False, True, True, True]
+
+
+@pytest.mark.parametrize("rows,impl,path", [((1, 3, 4), "cudnn", 1), ((1, 3, 4), "xla", 1), ((0, 1, 3), "cudnn", 2),
+                                            ((0, 1, 3), "xla", 0), ((0, 2), "cudnn", 0), ((0, 5), "cudnn", 0)])
+def test_fused_path_by_layout(rows, impl, path):
+    """One segment per row: the kernel's own causal mask; packed rows: cuDNN's offsets; left padding or more than
+    `max_segments` segments in any row: the explicit mask."""
+    layout = attention.segment_layout(_SEGMENTS[jnp.array(rows)], max_segments=4)
+    assert int(attention.fused_path(layout, impl, max_segments=4)) == path
+
+
+def test_packed_layout_describes_the_segment_mask():
+    """What a packed kernel computes from offsets and lengths (`layout_mask`) is the segment mask, for every real
+    query of random packings (segments of 1-9 tokens, padding after)."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        rows = []
+        for _ in range(3):
+            lengths = rng.integers(1, 10, size=rng.integers(0, 6))
+            row = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)] + [np.zeros(0, int)])
+            rows.append(np.pad(row[:40], (0, 40 - len(row[:40]))))
+        seg = jnp.asarray(np.stack(rows), jnp.int32)
+        layout = attention.segment_layout(seg)
+        assert bool(layout.runs_ok.all())
+        real = np.asarray(seg > 0)[:, None, :, None]
+        np.testing.assert_array_equal(np.asarray(attention.layout_mask(layout, 40)) & real,
+                                      np.asarray(attention.attention_mask(seg, seg)) & real)
+
+
+@pytest.mark.parametrize("rows", [(1, 3), (1, 3, 4), (0, 1), (2, 3)])
+def test_segment_attention_values_and_gradients_match_the_reference(rows):
+    """xla's kernel through the segment dispatch (one-segment rows without a mask, the rest with it) against the
+    reference, on every real token and in the gradients of a loss over real tokens."""
+    seg = jnp.repeat(_SEGMENTS[jnp.array(rows)], 4, axis=1)  # 24 tokens
+    q, k, v, _, _ = _inputs(b=len(rows), t=24, s=24, n=4, k=2, h=16, seed=3)
+    real = (seg > 0)[:, :, None, None]
+    weights = jnp.cos(jnp.arange(16.0))
+
+    def loss(impl):
+        return lambda q, k, v: jnp.sum(jnp.where(real, attention.attention(q, k, v, seg, seg, impl=impl), 0) * weights)
+
+    out = attention.attention(q, k, v, seg, seg, impl="xla")
+    ref = attention.attention(q, k, v, seg, seg, impl="reference")
+    assert bool(jnp.isfinite(out).all())
+    np.testing.assert_allclose(jnp.where(real, out, 0), jnp.where(real, ref, 0), atol=1e-5)
+    for a, b in zip(jax.grad(loss("xla"), (0, 1, 2))(q, k, v), jax.grad(loss("reference"), (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_cudnn_segment_attention_lowers_for_gpu_with_no_mask(monkeypatch):
+    """The cuDNN paths, built for a GPU from this CPU (jax's cuDNN version checks stubbed): forward and backward
+    lower to cuDNN's fused attention, and the one-segment and packed branches hand it no mask or bias (a masked
+    call has one more operand, the [B, 1, T, T] bias)."""
+    cudnn = attention._cudnn_packed_api()
+    if cudnn is None:
+        pytest.skip("this jax has no packed cuDNN attention")
+    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(cudnn, "check_compute_capability", lambda cap: True)
+    q, k, v, _, _ = _inputs(b=2, t=32, s=32, n=4, k=2, h=64)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    seg = jnp.repeat(_SEGMENTS[:2], 6, axis=1)[:, :32]
+    loss = lambda q, k, v: attention.attention(q, k, v, seg, seg, impl="cudnn").astype(jnp.float32).sum()  # noqa
+    text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @__cudnn$fmha" in line]
+    forward = [c for c in calls if "Backward" not in c]
+    assert len(forward) == 3 and len(calls) == 6, calls  # the masked, one-segment and packed branches
+    operands = sorted(c.split("(", 1)[1].split(")")[0].count("%") for c in forward)
+    # q, k, v + the two lengths (one segment); + the two offsets (packed); q, k, v + the bias (masked)
+    assert operands == [4, 5, 7], operands

@@ -6,6 +6,9 @@ Implementations (chosen by `LlamaConfig.attention_impl`):
   of the plain formula.
 - "xla": `jax.nn.dot_product_attention(implementation="xla")`.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only).
+  For square causal self-attention both go through `segment_attention`, which gives the kernel the segments in the
+  fastest form it takes: rows of one segment as `is_causal` plus sequence lengths (no mask), packed rows as cuDNN's
+  packed-sequence offsets and lengths, and only other layouts as an explicit mask.
 - "splash": Pallas splash attention (TPU). Under a mesh it runs per shard through `jax.shard_map` (batch and heads
   split as their logical names say, sequences whole). Off TPU it runs in Pallas interpret mode: slow, for tests only.
 - "auto": splash on TPU when the sequence length is a multiple of 128, cudnn on GPU when the compute dtype allows it,
@@ -214,17 +217,135 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
         return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale,
                                    q_offset=q_offset, **branches)
     if impl in ("xla", "cudnn"):
-        # Let the kernel apply causality itself (cuDNN then skips the upper triangle); the segment mask goes in as a
-        # mask (cuDNN folds it into a bias). jax's is_causal aligns queries at the top-left, so it is only used for
-        # square attention; otherwise the full mask carries causality.
         square = q.shape[1] == k.shape[1] and q_offset is None
-        mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset,
-                              **branches)
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
-                                            implementation=impl).astype(q.dtype)
+        if square and causal and q_branch_ids is None:
+            return segment_attention(q, k, v, q_segment_ids, impl=impl, scale=scale)
+        return _masked_fused(q, k, v, q_segment_ids, kv_segment_ids, impl=impl, scale=scale, causal=causal,
+                             q_offset=q_offset, **branches)
     if impl == "splash":
         return splash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale)
     raise ValueError(f"unknown attention implementation {impl!r}")
+
+
+def _masked_fused(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str, scale: float, causal: bool = True,
+                  q_offset=None, q_branch_ids=None, kv_branch_ids=None):
+    """`jax.nn.dot_product_attention` with the segment (and branch) mask as an explicit [B, 1, T, S] mask. The kernel
+    applies causality itself where the attention is square (jax's is_causal aligns queries at the top-left);
+    otherwise the mask carries it. cuDNN folds the mask into a bias, which takes it off its fastest path."""
+    square = q.shape[1] == k.shape[1] and q_offset is None
+    mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset,
+                          q_branch_ids=q_branch_ids, kv_branch_ids=kv_branch_ids)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal and square,
+                                        implementation=impl).astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------- fused attention over segments
+PACKED_MAX_SEGMENTS = 16  # segments per row the packed cuDNN path takes; a row with more goes to the masked path
+
+
+class SegmentLayout(NamedTuple):
+    """Where each row's segments lie, in the form cuDNN's packed (THD) attention takes them.
+
+    offsets [B, M+1] int32: the first index of each segment (a run of equal positive segment ids), -1 after the
+    last. lengths [B, M] int32: its token count, -1 after the last. count [B]: the row's segments (uncapped).
+    runs_ok [B] bool: the row's positive ids rise from run to run and its padding (id 0) comes last, so each run is
+    a whole segment and the runs alone say what attends to what. Only then does a kernel that takes offsets and
+    lengths see the same attention as the mask."""
+
+    offsets: jnp.ndarray
+    lengths: jnp.ndarray
+    count: jnp.ndarray
+    runs_ok: jnp.ndarray
+
+
+def segment_layout(segment_ids: jnp.ndarray, max_segments: int = PACKED_MAX_SEGMENTS) -> SegmentLayout:
+    """The `SegmentLayout` of segment ids [B, T] (1, 1, 2, 2, 2, 0 -> offsets [0, 2, -1, ...], lengths [2, 3, -1,
+    ...]); rows of more than `max_segments` segments keep their first `max_segments` (see `count`)."""
+    b, t = segment_ids.shape
+    seg = segment_ids.astype(jnp.int32)
+    prev = jnp.pad(seg, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
+    starts = (seg > 0) & (seg != prev)
+    # padding sorts last: ids (with 0 as +inf) never fall from one token to the next
+    key = jnp.where(seg > 0, seg, jnp.iinfo(jnp.int32).max)
+    runs_ok = jnp.all(key[:, 1:] >= key[:, :-1], axis=1)
+    count = starts.sum(axis=1, dtype=jnp.int32)
+    offsets = jax.vmap(lambda s: jnp.nonzero(s, size=max_segments + 1, fill_value=-1)[0])(starts).astype(jnp.int32)
+    run = jnp.cumsum(starts, axis=1) - 1  # each token's segment index (-1 before the first)
+    slot = jnp.where((seg > 0) & (run >= 0) & (run < max_segments), run, max_segments)
+    lengths = jnp.zeros((b, max_segments + 1), jnp.int32).at[jnp.arange(b)[:, None], slot].add(1)[:, :max_segments]
+    lengths = jnp.where(jnp.arange(max_segments) < count[:, None], lengths, -1)
+    return SegmentLayout(offsets, lengths, count, runs_ok)
+
+
+def layout_mask(layout: SegmentLayout, t: int) -> jnp.ndarray:
+    """The causal [B, 1, T, T] mask that offsets and lengths describe (a token attends to the earlier tokens of its
+    own segment; a token in no segment attends to nothing): what a packed kernel computes, written out, so that the
+    layout can be checked against `attention_mask` where no such kernel runs."""
+    idx = jnp.arange(t)
+    starts, lengths = layout.offsets[:, :-1], layout.lengths
+    member = (idx[None, :, None] >= starts[:, None, :]) & (idx[None, :, None] < (starts + lengths)[:, None, :])
+    member &= lengths[:, None, :] > 0  # [B, T, M]
+    same = jnp.einsum("btm,bsm->bts", member.astype(jnp.int32), member.astype(jnp.int32)) > 0
+    return (same & (idx[:, None] >= idx[None, :]))[:, None]
+
+
+def fused_path(layout: SegmentLayout, impl: str, max_segments: int = PACKED_MAX_SEGMENTS) -> jnp.ndarray:
+    """Which path `segment_attention` takes for this batch (a traced int32): 0 the explicit mask, 1 one segment per
+    row (the kernel's causal mask and sequence lengths), 2 packed segments (cuDNN's offsets; cuDNN only)."""
+    ok = jnp.all(layout.runs_ok)
+    one = ok & jnp.all(layout.count <= 1)
+    packed = ok & jnp.all(layout.count <= max_segments) & (impl == "cudnn")
+    return jnp.where(one, 1, jnp.where(packed, 2, 0)).astype(jnp.int32)
+
+
+def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segments: int = PACKED_MAX_SEGMENTS):
+    """Square causal self-attention within segments on a fused kernel (`impl` "cudnn" or "xla"), choosing per batch
+    (`fused_path`) the fastest form the kernel takes the segments in:
+    - each row one segment then padding: `is_causal` with the rows' lengths, no mask (cuDNN's fast path);
+    - packed rows (1, 1, 2, 2, 2, 0): cuDNN's packed-sequence attention, each segment given by its offset and
+      length (`SegmentLayout`); the kernel runs on the segments alone, at the one-segment speed. It needs a Hopper
+      GPU or newer (cuDNN's rule);
+    - anything else (left padding, ids that repeat, more than `max_segments` segments): the explicit mask.
+    Outputs at padding (id 0) are 0 on the first two paths (the mask path lets padding attend to padding); no
+    gradient flows through them, so a loss that masks padding gets the same gradients on every path."""
+    layout = segment_layout(segment_ids, max_segments)
+    real = (segment_ids > 0)[:, :, None, None]
+
+    def zero_padding(x):  # where, not a product: a kernel's garbage at padding must not reach the gradients
+        return jnp.where(real, x, 0).astype(q.dtype)
+
+    def masked():
+        return _masked_fused(q, k, v, segment_ids, segment_ids, impl=impl, scale=scale)
+
+    def one_segment():
+        lengths = jnp.maximum(layout.lengths[:, 0], 1)  # a row of padding only: one token that attends to itself
+        qz, kz, vz = (zero_padding(x) for x in (q, k, v))
+        out = jax.nn.dot_product_attention(qz, kz, vz, scale=scale, is_causal=True, query_seq_lengths=lengths,
+                                           key_value_seq_lengths=lengths, implementation=impl)
+        return zero_padding(out)
+
+    cudnn_attention = _cudnn_packed_api() if impl == "cudnn" else None
+
+    def packed():
+        qz, kz, vz = (zero_padding(x) for x in (q, k, v))
+        lengths = jnp.where(layout.lengths > 0, layout.lengths, -1)
+        out = cudnn_attention.dot_product_attention(
+            qz, kz, vz, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=layout.offsets, kv_offsets=layout.offsets,
+            scale=scale, mask_type=cudnn_attention.MaskType.PADDING_CAUSAL)
+        return zero_padding(out)
+
+    branches = [masked, one_segment] + ([packed] if cudnn_attention is not None else [])
+    return jax.lax.switch(fused_path(layout, impl, max_segments), branches)
+
+
+def _cudnn_packed_api():
+    """jax's cuDNN attention module, which takes packed segments (offsets); not public in jax 0.10. None where this
+    jax lacks it: packed rows then take the masked path."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+    except ImportError:
+        return None
+    return cudnn_attention if hasattr(cudnn_attention, "MaskType") else None
 
 
 def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_offset, impl: str = "auto"):
