@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +29,19 @@ def peak_bandwidth(device) -> float | None:
     return next((gbs for name, gbs in PEAK_GBS.items() if name.lower() in kind.lower()), None)
 
 
-def measure(model: str, batch: int, prompt: int, steps: int, dtype: str) -> dict:
+class Decode(NamedTuple):
+    """The serving engine's decode programs with every slot admitted, ready for `segments` decode segments of
+    `steps` steps: `state, tokens, logprobs = progs.decode(params, state, steps, context)`."""
+
+    progs: object
+    params: dict
+    state: dict
+    cfg: object
+    context: int
+
+
+def build_decode(model: str, batch: int, prompt: int, steps: int, dtype: str, segments: int = 2) -> Decode:
+    """`batch` slots of random `prompt`-token prompts on a random-weight `model` preset (`models.preset`)."""
     import jax
     import numpy as np
 
@@ -40,13 +53,21 @@ def measure(model: str, batch: int, prompt: int, steps: int, dtype: str) -> dict
     cfg = models.preset(model, param_dtype=dtype, compute_dtype=dtype)
     placement = Placement.build()
     params, cfg = placement.prepare(models.init_params(cfg, jax.random.key(0)), cfg)
-    context = prompt + 2 * steps + 8
+    context = prompt + segments * steps + 8
     progs = SlotPrograms(cfg, placement, batch, context)
     state = progs.new_state()
     rng = np.random.default_rng(0)
-    sp = SamplingParams(temperature=0.0, max_tokens=2 * steps + 4)
+    sp = SamplingParams(temperature=0.0, max_tokens=segments * steps + 4)
     for slot in range(batch):
         state = progs.admit(params, state, rng.integers(0, cfg.vocab_size, prompt).tolist(), [slot], slot, sp)
+    return Decode(progs, params, state, cfg, context)
+
+
+def measure(model: str, batch: int, prompt: int, steps: int, dtype: str) -> dict:
+    import jax
+    import numpy as np
+
+    progs, params, state, cfg, context = build_decode(model, batch, prompt, steps, dtype)
     state, out, _ = progs.decode(params, state, steps, context)  # compile + warm-up
     jax.block_until_ready(out)
     t0 = time.perf_counter()

@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 # Dense bf16 peak FLOP/s per device, by jax's device_kind (vendor data sheets; no sparsity).
 PEAK_TFLOPS = {
@@ -39,7 +40,20 @@ def peak_for(kind: str) -> float | None:
     return None
 
 
-def measure(args, attention_impl: str) -> dict:
+class CriticStep(NamedTuple):
+    """The trainer's critic step on a random batch, ready to run: `state, metrics = step(state, batch)`."""
+
+    step: object
+    state: dict
+    batch: dict
+    cfg: object
+    rows: int
+    seq: int
+    devices: int
+
+
+def build_critic_step(args, attention_impl: str) -> CriticStep:
+    """The step `measure` times (and `profile_step.py` profiles), from mfu's command-line settings."""
     import jax
     import jax.numpy as jnp
     import ml_collections
@@ -69,8 +83,8 @@ def measure(args, attention_impl: str) -> dict:
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(0, cfg.vocab_size, (rows, t)).astype(np.int32),
-        "positions": np.tile(np.arange(t, dtype=np.int32), (rows, 1)),
-        "segment_ids": np.ones((rows, t), np.int32),
+        "positions": np.tile(np.arange(t, dtype=np.int32) % -(-t // args.segments), (rows, 1)),
+        "segment_ids": np.tile(np.arange(t, dtype=np.int32) // -(-t // args.segments) + 1, (rows, 1)),
         "gather_pos": np.tile(np.arange(1, t, dtype=np.int32), (rows, 1)),  # every prediction is scored
         "gather_score": np.ones((rows, t - 1), bool), "gather_nll": np.ones((rows, t - 1), bool),
         "gather_turn": np.zeros((rows, t - 1), np.int32), "ref": np.zeros(rows, np.float32),
@@ -81,7 +95,13 @@ def measure(args, attention_impl: str) -> dict:
     state = layout.put_state({"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)})
     loss_cfg = ml_collections.ConfigDict(dict(beta=0.1, reduction="trajectory_mean", nll_coef=0.01))
     step = layout.train_step(objective="critic", model_cfg=cfg, loss_cfg=loss_cfg, chunk=args.chunk)
+    return CriticStep(step, state, batch, cfg, rows, t, mesh.size)
 
+
+def measure(args, attention_impl: str) -> dict:
+    import jax
+
+    step, state, batch, cfg, rows, t, devices = build_critic_step(args, attention_impl)
     t0 = time.perf_counter()
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
@@ -100,17 +120,17 @@ def measure(args, attention_impl: str) -> dict:
     kind = jax.devices()[0].device_kind
     peak = args.peak_tflops or peak_for(kind)
     return {
-        "device": kind, "devices": mesh.size, "params_b": cfg.num_params() / 1e9, "seq": t, "sequences": rows,
+        "device": kind, "devices": devices, "params_b": cfg.num_params() / 1e9, "seq": t, "sequences": rows,
         "attention": attention_impl, "remat": args.remat, "compile_s": compile_s, "step_s": median,
         "tokens_per_s": rows * t / median, "model_tflops_per_step": flops / 1e12,
-        "achieved_tflops_per_device": flops / median / mesh.size / 1e12,
-        "peak_tflops_per_device": peak, "mfu": (flops / median / mesh.size / (peak * 1e12)) if peak else None,
+        "achieved_tflops_per_device": flops / median / devices / 1e12,
+        "peak_tflops_per_device": peak, "mfu": (flops / median / devices / (peak * 1e12)) if peak else None,
         "loss": float(metrics["loss"]),
     }
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The critic step's shape and settings (shared with `profile_step.py`)."""
     p.add_argument("--preset", default="llama3.2-1b")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--pairs", type=int, default=1, help="pairs per batch shard (2 sequences each)")
@@ -120,8 +140,14 @@ def main(argv=None) -> int:
     p.add_argument("--attention", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--chunk", type=int, default=2048, help="log-prob chunk (tokens)")
+    p.add_argument("--segments", type=int, default=1, help="documents packed in each row (equal lengths)")
     p.add_argument("--layers", type=int, default=0, help="override the preset (smoke runs)")
     p.add_argument("--hidden", type=int, default=0, help="override the preset (smoke runs)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_step_arguments(p)
     p.add_argument("--peak-tflops", type=float, default=None, help="per-device peak, when the device is not known")
     p.add_argument("--json", default=None, help="also write the result here")
     args = p.parse_args(argv)

@@ -183,6 +183,24 @@ def test_each_prompt_keeps_its_own_settings_and_seed_in_a_shared_batch(params):
     assert alone[0].tokens != alone[1].tokens  # two different draws from one prefill
 
 
+@pytest.mark.parametrize("window", [None, 256])
+def test_the_compiled_decode_step_holds_no_copy_of_the_cache(window):
+    """In the compiled decode program (the whole window and a shorter one) no instruction copies a layer of the KV
+    cache: each step writes the new keys and values into the donated cache in place. Compiled without donation,
+    the same program must copy every layer, and the check finds those copies."""
+    from sweet_jax.inference.placement import Placement
+    from sweet_jax.inference.slots import SlotPrograms
+
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
+                                    num_heads=4, num_kv_heads=2)
+    progs = SlotPrograms(cfg, Placement.build(), slots=8, context=1024)
+    params = jax.eval_shape(models.llama.unstack_layers, models.abstract_params(cfg))
+    state = jax.eval_shape(progs._zeros)
+    assert progs.cache_copies(params, state, window=window) == []
+    copies = progs.cache_copies(params, state, window=window, donate=False)
+    assert len(copies) == 2 * cfg.num_layers, copies
+
+
 def test_decoding_copies_neither_the_weights_nor_the_cache():
     """The compiled decode segment's temporaries do not grow with the layers or the cache: it reads the per-layer
     weights and updates the donated cache in place. (Slicing layers out of stacked weights was measured copying all

@@ -31,6 +31,7 @@ jitted programs that fill, run and free them (`SlotPrograms`). `inference.schedu
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -261,6 +262,22 @@ class SlotPrograms:
                 in_shardings=(self.param_shardings, self.state_shardings),
                 out_shardings=(self.state_shardings, out, out))
         return fn
+
+    def cache_copies(self, params, state, steps: int = 4, window: int | None = None, *, donate: bool = True) -> list:
+        """The instructions of the compiled decode program (for these params and state, concrete or abstract) that
+        copy a whole layer of the KV cache: empty when every step writes the cache in place. `donate=False`
+        compiles the program without donating the state, which must copy it (a check of the check)."""
+        window = self.context if window is None else min(window, self.context)
+        program = self.decode_program(steps, window)
+        if not donate:
+            program = jax.jit(functools.partial(self._decode_fn, steps=steps, window=window),
+                              in_shardings=(self.param_shardings, self.state_shardings))
+        with self.placement.active():
+            text = program.lower(params, state).compile().as_text()
+        shapes = {f"[{','.join(map(str, x.shape))}]" for x in jax.tree.leaves(state["cache"]) if x.ndim == 4}
+        return [line.strip() for line in text.splitlines()
+                if re.search(r"= \w+(\[[\d,]*\])\S* copy(?:-start)?\(", line)
+                and re.search(r"= \w+(\[[\d,]*\])", line).group(1) in shapes]
 
     def _decode_fn(self, params, state, *, steps: int, window: int):
         cfg, b, context = self.cfg, self.slots, self.context

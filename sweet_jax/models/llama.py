@@ -188,32 +188,8 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-    if prefix is not None:
-        a = prefix_shared_attention(q, *prefix, k, v, segment_ids)
-    elif kv is None:
-        a = attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
-                      kv_branch_ids=branch_ids)
-    else:
-        k_cache, v_cache, kv_segment_ids, index, row = kv
-        k_cache = _write_cache(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), index, row, axis=3)
-        v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, row)
-        span = v_cache.shape[2] if window is None else min(window, v_cache.shape[2])
-        # tokens that fill the whole window from slot 0 (a prefix's prefill) attend to themselves only: read from the
-        # fresh keys and values, not transposed back out of the cache's layouts
-        fresh = row is None and isinstance(index, int) and index == 0 and span == x.shape[1]
-        if fresh:
-            a = attention(q, k, v, segment_ids, kv_segment_ids[:, :span], impl=cfg.attention_impl)
-        elif row is not None:  # one row of a cache of many: read its first `span` slots only
-            kc = jax.lax.dynamic_slice_in_dim(k_cache, row, 1, axis=0)[..., :span]
-            vc = jax.lax.dynamic_slice_in_dim(v_cache, row, 1, axis=0)[:, :, :span]
-            kv_segment_ids = kv_segment_ids[:, :span]
-        elif span < v_cache.shape[2]:  # the slots in use: attention reads no more
-            kc, vc, kv_segment_ids = k_cache[..., :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
-        else:
-            kc, vc = k_cache, v_cache
-        if not fresh:
-            a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
-                                 impl=cfg.attention_impl)
+    with jax.named_scope("attention"):  # the ops' names say so (`bench/profile_step.py` groups by them)
+        a, kv_out = _attend_layer(cfg, x, q, k, v, segment_ids, kv, branch_ids, window, prefix)
     if kv is None and prefix is None:
         x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
     else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
@@ -226,7 +202,39 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     m = constrain(swiglu(g, u), ("batch", "seq", "mlp"))
     x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
     x = constrain(x, ("batch", "act_seq", "act_embed"))
-    return x if kv is None else (x, (k_cache, v_cache))
+    return x if kv is None else (x, kv_out)
+
+
+def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, window, prefix):
+    """The attention of `_decoder_layer` -> (a [B, T, N, H], the updated (k_cache, v_cache) or None)."""
+    if prefix is not None:
+        return prefix_shared_attention(q, *prefix, k, v, segment_ids), None
+    if kv is None:
+        return attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
+                         kv_branch_ids=branch_ids), None
+    dt = jnp.dtype(cfg.compute_dtype)
+    k_cache, v_cache, kv_segment_ids, index, row = kv
+    with jax.named_scope("kv_write"):
+        k_cache = _write_cache(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), index, row, axis=3)
+        v_cache = _write_cache(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index, row)
+    span = v_cache.shape[2] if window is None else min(window, v_cache.shape[2])
+    # tokens that fill the whole window from slot 0 (a prefix's prefill) attend to themselves only: read from the
+    # fresh keys and values, not transposed back out of the cache's layouts
+    fresh = row is None and isinstance(index, int) and index == 0 and span == x.shape[1]
+    if fresh:
+        a = attention(q, k, v, segment_ids, kv_segment_ids[:, :span], impl=cfg.attention_impl)
+    elif row is not None:  # one row of a cache of many: read its first `span` slots only
+        kc = jax.lax.dynamic_slice_in_dim(k_cache, row, 1, axis=0)[..., :span]
+        vc = jax.lax.dynamic_slice_in_dim(v_cache, row, 1, axis=0)[:, :, :span]
+        kv_segment_ids = kv_segment_ids[:, :span]
+    elif span < v_cache.shape[2]:  # the slots in use: attention reads no more
+        kc, vc, kv_segment_ids = k_cache[..., :span], v_cache[:, :, :span], kv_segment_ids[:, :span]
+    else:
+        kc, vc = k_cache, v_cache
+    if not fresh:
+        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv_segment_ids, q_offset=index,
+                             impl=cfg.attention_impl)
+    return a, (k_cache, v_cache)
 
 
 def _write_cache(cache, new, index, row=None, axis: int = 2):

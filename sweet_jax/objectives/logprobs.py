@@ -39,7 +39,8 @@ def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp
         picked = jnp.take_along_axis(logits, yc[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)
 
-    out = jax.lax.map(one, (h, y))  # [n, B, c]
+    with jax.named_scope("logprob"):  # the ops' names say so (`bench/profile_step.py` groups by them)
+        out = jax.lax.map(one, (h, y))  # [n, B, c]
     return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
 
 
