@@ -185,13 +185,15 @@ def test_segment_layout_by_hand():
     assert layout.runs_ok.tolist() == [True, True, False, True, True, True]
 
 
-@pytest.mark.parametrize("rows,impl,path", [((1, 3, 4), "cudnn", 1), ((1, 3, 4), "xla", 1), ((0, 1, 3), "cudnn", 2),
-                                            ((0, 1, 3), "xla", 0), ((0, 2), "cudnn", 0), ((0, 5), "cudnn", 0)])
+@pytest.mark.parametrize("rows,impl,path", [((1,), "cudnn", "WHOLE_ROWS"), ((1, 1), "xla", "WHOLE_ROWS"),
+                                            ((1, 3, 4), "cudnn", "ONE_SEGMENT"), ((1, 3, 4), "xla", "ONE_SEGMENT"),
+                                            ((0, 1, 3), "cudnn", "PACKED"), ((0, 1, 3), "xla", "MASKED"),
+                                            ((0, 2), "cudnn", "MASKED"), ((0, 5), "cudnn", "MASKED")])
 def test_fused_path_by_layout(rows, impl, path):
-    """One segment per row: the kernel's own causal mask; packed rows: cuDNN's offsets; left padding or more than
-    `max_segments` segments in any row: the explicit mask."""
+    """Rows of one segment: the kernel's own causal mask (with the rows' lengths where there is padding); packed
+    rows: cuDNN's offsets; left padding or more than `max_segments` segments in any row: the explicit mask."""
     layout = attention.segment_layout(_SEGMENTS[jnp.array(rows)], max_segments=4)
-    assert int(attention.fused_path(layout, impl, max_segments=4)) == path
+    assert int(attention.fused_path(layout, impl, max_segments=4)) == getattr(attention, path)
 
 
 def test_packed_layout_describes_the_segment_mask():
@@ -212,7 +214,7 @@ def test_packed_layout_describes_the_segment_mask():
                                       np.asarray(attention.attention_mask(seg, seg)) & real)
 
 
-@pytest.mark.parametrize("rows", [(1, 3), (1, 3, 4), (0, 1), (2, 3)])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 3), (1, 3, 4), (0, 1), (2, 3)])
 def test_segment_attention_values_and_gradients_match_the_reference(rows):
     """xla's kernel through the segment dispatch (one-segment rows without a mask, the rest with it) against the
     reference, on every real token and in the gradients of a loss over real tokens."""
@@ -248,7 +250,7 @@ def test_cudnn_segment_attention_lowers_for_gpu_with_no_mask(monkeypatch):
     text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "custom_call @__cudnn$fmha" in line]
     forward = [c for c in calls if "Backward" not in c]
-    assert len(forward) == 3 and len(calls) == 6, calls  # the masked, one-segment and packed branches
+    assert len(forward) == 4 and len(calls) == 8, calls  # the masked, one-segment, whole-row and packed branches
     operands = sorted(c.split("(", 1)[1].split(")")[0].count("%") for c in forward)
-    # q, k, v + the two lengths (one segment); + the two offsets (packed); q, k, v + the bias (masked)
-    assert operands == [4, 5, 7], operands
+    # q, k, v (whole rows); q, k, v + the bias (masked); + the two lengths (one segment); + the two offsets (packed)
+    assert operands == [3, 4, 5, 7], operands

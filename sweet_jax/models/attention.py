@@ -256,6 +256,7 @@ class SegmentLayout(NamedTuple):
     lengths: jnp.ndarray
     count: jnp.ndarray
     runs_ok: jnp.ndarray
+    row_length: int
 
 
 def segment_layout(segment_ids: jnp.ndarray, max_segments: int = PACKED_MAX_SEGMENTS) -> SegmentLayout:
@@ -274,7 +275,7 @@ def segment_layout(segment_ids: jnp.ndarray, max_segments: int = PACKED_MAX_SEGM
     slot = jnp.where((seg > 0) & (run >= 0) & (run < max_segments), run, max_segments)
     lengths = jnp.zeros((b, max_segments + 1), jnp.int32).at[jnp.arange(b)[:, None], slot].add(1)[:, :max_segments]
     lengths = jnp.where(jnp.arange(max_segments) < count[:, None], lengths, -1)
-    return SegmentLayout(offsets, lengths, count, runs_ok)
+    return SegmentLayout(offsets, lengths, count, runs_ok, t)
 
 
 def layout_mask(layout: SegmentLayout, t: int) -> jnp.ndarray:
@@ -289,19 +290,26 @@ def layout_mask(layout: SegmentLayout, t: int) -> jnp.ndarray:
     return (same & (idx[:, None] >= idx[None, :]))[:, None]
 
 
+MASKED, ONE_SEGMENT, WHOLE_ROWS, PACKED = range(4)  # the paths of `segment_attention`
+
+
 def fused_path(layout: SegmentLayout, impl: str, max_segments: int = PACKED_MAX_SEGMENTS) -> jnp.ndarray:
-    """Which path `segment_attention` takes for this batch (a traced int32): 0 the explicit mask, 1 one segment per
-    row (the kernel's causal mask and sequence lengths), 2 packed segments (cuDNN's offsets; cuDNN only)."""
+    """Which path `segment_attention` takes for this batch (a traced int32): WHOLE_ROWS (every row one segment
+    without padding: the kernel's causal mask alone), ONE_SEGMENT (one segment then padding: causal mask and
+    sequence lengths), PACKED (cuDNN's segment offsets; cuDNN only), else MASKED (an explicit mask)."""
     ok = jnp.all(layout.runs_ok)
     one = ok & jnp.all(layout.count <= 1)
+    whole = one & jnp.all(layout.lengths[:, 0] == layout.row_length)
     packed = ok & jnp.all(layout.count <= max_segments) & (impl == "cudnn")
-    return jnp.where(one, 1, jnp.where(packed, 2, 0)).astype(jnp.int32)
+    return jnp.where(whole, WHOLE_ROWS, jnp.where(one, ONE_SEGMENT, jnp.where(packed, PACKED, MASKED))).astype(
+        jnp.int32)
 
 
 def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segments: int = PACKED_MAX_SEGMENTS):
     """Square causal self-attention within segments on a fused kernel (`impl` "cudnn" or "xla"), choosing per batch
     (`fused_path`) the fastest form the kernel takes the segments in:
-    - each row one segment then padding: `is_causal` with the rows' lengths, no mask (cuDNN's fast path);
+    - every row one segment, no padding: `is_causal` alone (cuDNN's fastest path);
+    - each row one segment then padding: `is_causal` with the rows' lengths, no mask;
     - packed rows (1, 1, 2, 2, 2, 0): cuDNN's packed-sequence attention, each segment given by its offset and
       length (`SegmentLayout`); the kernel runs on the segments alone, at the one-segment speed. It needs a Hopper
       GPU or newer (cuDNN's rule);
@@ -334,8 +342,13 @@ def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segm
             scale=scale, mask_type=cudnn_attention.MaskType.PADDING_CAUSAL)
         return zero_padding(out)
 
-    branches = [masked, one_segment] + ([packed] if cudnn_attention is not None else [])
-    return jax.lax.switch(fused_path(layout, impl, max_segments), branches)
+    def whole_rows():
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=impl).astype(q.dtype)
+
+    branches = {MASKED: masked, ONE_SEGMENT: one_segment, WHOLE_ROWS: whole_rows, PACKED: packed}
+    if cudnn_attention is None:  # never chosen then (`fused_path`); the index must still name a branch
+        branches[PACKED] = masked
+    return jax.lax.switch(fused_path(layout, impl, max_segments), [branches[i] for i in range(4)])
 
 
 def _cudnn_packed_api():
