@@ -50,6 +50,7 @@ class CriticStep(NamedTuple):
     rows: int
     seq: int
     devices: int
+    loss_kwargs: dict  # `training.steps.loss_fn`'s keyword arguments for this step
 
 
 def build_critic_step(args, attention_impl: str) -> CriticStep:
@@ -94,14 +95,15 @@ def build_critic_step(args, attention_impl: str) -> CriticStep:
     params = init(cfg, jax.random.key(0), 0.02)
     state = layout.put_state({"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)})
     loss_cfg = ml_collections.ConfigDict(dict(beta=0.1, reduction="trajectory_mean", nll_coef=0.01))
-    step = layout.train_step(objective="critic", model_cfg=cfg, loss_cfg=loss_cfg, chunk=args.chunk)
-    return CriticStep(step, state, batch, cfg, rows, t, mesh.size)
+    loss_kwargs = dict(objective="critic", model_cfg=cfg, loss_cfg=loss_cfg, chunk=args.chunk)
+    step = layout.train_step(**loss_kwargs)
+    return CriticStep(step, state, batch, cfg, rows, t, mesh.size, loss_kwargs)
 
 
 def measure(args, attention_impl: str) -> dict:
     import jax
 
-    step, state, batch, cfg, rows, t, devices = build_critic_step(args, attention_impl)
+    step, state, batch, cfg, rows, t, devices, _ = build_critic_step(args, attention_impl)
     t0 = time.perf_counter()
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -140,3 +141,37 @@ def test_serve_load_benchmark_runs_against_vllm():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"vLLM .* tokens/s .*already running", proc.stdout), proc.stdout
     assert re.search(r"ratio: [\d.]+x vLLM's tokens/s, p50 [\d.]+x vLLM's", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_suite_smoke_runs_every_row(tmp_path):
+    """Every row of the accelerator suite at tiny shapes: each attention layout equals the reference, the compiled
+    decode step copies no cache, and the summary lists every target figure."""
+    out = tmp_path / "suite.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_suite.py"), "--smoke", "--json", str(out)],
+                          capture_output=True, text=True, timeout=budget.time_left())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    failed = {name: row["error"] for name, row in rows.items() if not row["ok"]}
+    assert not failed and len(rows) == 18, (failed, sorted(rows))
+    paths = {name: row["path"] for name, row in rows.items() if "path" in row}
+    assert sorted(paths.values()) == ["masked", "one segment", "whole rows"], paths  # no packed kernel on CPU
+    for name in paths:
+        assert rows[name]["max_abs_diff_vs_reference"] <= 1e-5, rows[name]
+    assert rows["8B decode step: whole-cache copies in the compiled program"]["whole_cache_copies"] == 0
+    assert rows["split 1B 2x4096"]["forward_ms"] > 0 and rows["split 1B 2x4096"]["backward_ms"] > 0
+    for figure in ("critic 1B 2x4096 MFU", "backward / forward (1B)", "8B decode batch 64 prompt 2048 MBU",
+                   "critic 1B vs HF+torch", "1B decode batch 1 vs HF generate"):
+        assert re.search(rf"^{re.escape(figure)}\s+\S+", proc.stdout, re.M), proc.stdout
+
+
+def test_gpu_suite_section_past_its_limit_loses_only_its_rows():
+    """A section stopped at its time limit reports each of its rows as failed, saying why, and returns."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_suite
+
+    t0 = time.monotonic()
+    rows = gpu_suite.run_section("critic", smoke=True, limit_s=2)
+    assert time.monotonic() - t0 < 30
+    assert [r["row"] for r in rows] == [name for name, _ in gpu_suite.critic_rows(True)]
+    assert all(not r["ok"] and "2 s limit" in r["error"] for r in rows), rows
