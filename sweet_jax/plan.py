@@ -18,6 +18,8 @@ Serving: `python -m sweet_jax.plan --serve --model llama3.1-70b --mesh tensor=8 
 the serving engine's decode step instead (`inference.memory_plan`) and prints the per-device weights, KV cache and
 temporaries; `--rank 16 --candidate-len 1024 --context 15360` plans critic ranking (16 candidates after a history of
 --context tokens). --model is a preset name (`models.PRESETS`) or an HF directory; --dtype (default bfloat16).
+`--mean-live 4096 [--page-size 128]` plans a paged KV cache (`models.init_paged_cache`) sized for that mean of live
+tokens per slot instead of a dense one sized for --context. The plan ends with `kv cache: N GiB per device`.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def serve_main() -> int:
 
     try:
         plan = memory_plan.plan_serving(FLAGS.model, sizes, slots=FLAGS.batch, context=FLAGS.context,
-                                        rank=FLAGS.rank, candidate_len=FLAGS.candidate_len, dtype=FLAGS.dtype)
+                                        rank=FLAGS.rank, candidate_len=FLAGS.candidate_len, dtype=FLAGS.dtype,
+                                        mean_live=FLAGS.mean_live, page_size=FLAGS.page_size)
     except (models.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -115,4 +118,7 @@ if __name__ == "__main__":
     flags.DEFINE_integer("rank", 0, "--serve: plan critic ranking of this many candidates instead of decoding.")
     flags.DEFINE_integer("candidate_len", 1024, "--serve --rank: tokens per candidate.")
     flags.DEFINE_string("dtype", "bfloat16", "--serve: the weights' and compute dtype.")
+    flags.DEFINE_integer("mean_live", None, "--serve: plan a paged KV cache sized for this mean of live tokens per "
+                         "slot (the dense cache sizes every slot for --context).")
+    flags.DEFINE_integer("page_size", 128, "--serve --mean-live: tokens per KV page.")
     run(main, errors=(PlanError,))

@@ -183,3 +183,20 @@ def test_serve_plan_reports_the_per_device_weights_and_kv_cache(tmp_path):
     n_params = sum(int(np.prod(s)) for s in jax.tree.leaves(models.param_shapes(cfg), is_leaf=lambda x: isinstance(
         x, tuple) and all(isinstance(i, int) for i in x)))
     assert 0.5 * n_params * 2 <= plan["weights_bytes"] <= 0.51 * n_params * 2
+
+
+def test_serve_plan_of_a_paged_cache_sizes_it_for_the_mean_live_tokens(tmp_path):
+    """`--mean-live 96 --page-size 32`: 4 slots x 3 pages + scratch, each page 32 positions x layers x 2 (k, v) x
+    KV heads x head_dim at 2 bytes, split over tensor=2; the dense cache would take 4 x 256 positions. The plan ends
+    with the `kv cache:` line."""
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.plan", "--serve", "--model", "tiny", "--mesh", "tensor=2",
+                           "--batch", "4", "--context", "256", "--mean-live", "96", "--page-size", "32", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = models.preset("tiny")
+    per_position = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2 / 2
+    assert json.loads(out.read_text())["kv_cache_bytes"] == (4 * 3 + 1) * 32 * per_position
+    assert "paged: 13 pages of 32 tokens for a mean of 96 live tokens per slot" in proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == f"kv cache: {13 * 32 * per_position / 2 ** 30:.2f} GiB per device", proc.stdout

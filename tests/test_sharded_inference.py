@@ -1,5 +1,5 @@
 """Inference on a mesh equals inference on one device: 8 fake CPU devices, meshes (data=2, tensor=4), (tensor=8 on a
-model with 2 KV heads, widened to 8) and (data=8). Greedy and seeded sampled tokens are identical, log-probs and
+model with 2 KV heads, widened to 8), (data=8) and tensor=8 on a paged KV cache. Greedy and seeded sampled tokens are identical, log-probs and
 ranking scores agree to 1e-5, and the compiled decode step gathers no weight and no cache array whole."""
 
 import json
@@ -42,11 +42,11 @@ PREFIX = rng.integers(0, 520, 37).tolist()
 CANDS = [rng.integers(0, 520, n).tolist() for n in (3, 11, 6, 1, 9)]
 
 
-def run(placement):
+def run(placement, page_size=None):
     p, cfg = placement.prepare(params, CFG)
     h, hcfg = placement.prepare(head, CFG.replace(score_head=True))
-    greedy = generate(p, cfg, PROMPTS, GREEDY, placement=placement)
-    hot = generate(p, cfg, PROMPTS, HOT, n=3, seed=[4, 5, 6, 7], placement=placement)
+    greedy = generate(p, cfg, PROMPTS, GREEDY, placement=placement, page_size=page_size)
+    hot = generate(p, cfg, PROMPTS, HOT, n=3, seed=[4, 5, 6, 7], placement=placement, page_size=page_size)
     lps = continuation_logprobs(p, cfg, PREFIX, CANDS, placement=placement)
     pv, cv = continuation_values(h, hcfg, PREFIX, CANDS, placement=placement)
     return {"greedy": [s.tokens for r in greedy for s in r],
@@ -81,6 +81,7 @@ out = {"one": run(Placement.build())}
 for mesh in %r:
     out[mesh] = run(Placement.build(mesh))
     out[mesh]["gathers"], out[mesh]["weights"] = gathers(Placement.build(mesh))
+out["tensor=8, paged"] = run(Placement.build("tensor=8"), page_size=8)  # KV heads split over the pool's pages
 print("RESULT" + json.dumps(out))
 """ % (MESHES,)
     stdout = run_with_devices(code, n=8)
@@ -88,14 +89,14 @@ print("RESULT" + json.dumps(out))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", MESHES + ("tensor=8, paged",))
 def test_greedy_and_sampled_tokens_are_identical(results, mesh):
     assert results[mesh]["greedy"] == results["one"]["greedy"]
     assert results[mesh]["sampled"] == results["one"]["sampled"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", MESHES + ("tensor=8, paged",))
 def test_logprobs_and_ranking_scores_agree(results, mesh):
     import numpy as np
 

@@ -3,6 +3,7 @@ AOT-compiled program (abstract shapes: nothing is allocated, no accelerator is n
 --serve` prints these.
 
     plan = plan_decode(cfg, Placement.build("tensor=8"), slots=64, context=16384)   # the serving engine's step
+    plan = plan_decode(cfg, placement, slots=64, context=16384, mean_live=4096)      # ... on a paged KV cache
     plan = plan_ranking(cfg, placement, history=15360, candidates=16, candidate_len=1024)   # critic ranking
     print(format_serve_plan(plan, hbm_gib=80))
 
@@ -70,19 +71,33 @@ def _scale(dtype: str) -> float:
     return np.dtype(jax.numpy.dtype(dtype)).itemsize / 4
 
 
+def paged_pages(slots: int, mean_live: int, page_size: int) -> int:
+    """Pages of a paged cache for `slots` rows that hold `mean_live` tokens each on average (whole pages per row),
+    and the scratch page."""
+    return slots * -(-mean_live // page_size) + 1
+
+
 def plan_decode(cfg, placement: Placement, *, slots: int, context: int, dtype: str = "bfloat16",
-                segment: int = 8) -> ServePlan:
-    """The engine's decode segment with `slots` rows of `context` positions, attending over the whole context."""
+                segment: int = 8, mean_live: int | None = None, page_size: int = 128) -> ServePlan:
+    """The engine's decode segment with `slots` rows of `context` positions, attending over the whole context. With
+    `mean_live`, the cache is paged (`models.init_paged_cache`), sized for that many live tokens per row on
+    average (`paged_pages`)."""
     from sweet_jax.inference.slots import SlotPrograms
 
     cfg, params = _placed(cfg, placement)
-    progs = SlotPrograms(cfg, placement, slots, context)
+    what = f"decode: {slots} slots x {context} tokens, {dtype}"
+    if mean_live:
+        pages = paged_pages(slots, mean_live, page_size)
+        progs = SlotPrograms(cfg, placement, slots, context, page_size=page_size, pages=pages)
+        what += f", paged: {pages} pages of {page_size} tokens for a mean of {mean_live} live tokens per slot"
+    else:
+        progs = SlotPrograms(cfg, placement, slots, context)
     state = _abstract(jax.eval_shape(progs._zeros), progs.state_shardings)
     t0 = time.time()
     with placement.active():
         compiled = progs.decode_program(segment, context).lower(params, state).compile()
     kv = per_device_bytes((state["cache"]["k"], state["cache"]["v"]))  # f32 here; reported at `dtype`
-    return ServePlan(f"decode: {slots} slots x {context} tokens, {dtype}", placement.describe(),
+    return ServePlan(what, placement.describe(),
                      per_device_bytes(params) * _scale(dtype), kv * _scale(dtype), per_device_bytes(state) - kv,
                      float(compiled.memory_analysis().temp_size_in_bytes), time.time() - t0)
 
@@ -115,9 +130,10 @@ def plan_ranking(cfg, placement: Placement, *, history: int, candidates: int, ca
 
 
 def plan_serving(model: str, mesh_sizes: dict, *, slots: int, context: int, rank: int = 0, candidate_len: int = 1024,
-                 dtype: str = "bfloat16") -> ServePlan:
+                 dtype: str = "bfloat16", mean_live: int | None = None, page_size: int = 128) -> ServePlan:
     """The plan of `python -m sweet_jax.plan --serve`: `model` is a preset name or an HF directory; with `rank`
-    candidates, the ranking program after a `context`-token history, else the decode step."""
+    candidates, the ranking program after a `context`-token history, else the decode step (paged with
+    `mean_live`)."""
     import os
 
     from sweet_jax.parallel.sharding import make_mesh
@@ -127,7 +143,8 @@ def plan_serving(model: str, mesh_sizes: dict, *, slots: int, context: int, rank
     if rank:
         return plan_ranking(cfg, placement, history=context, candidates=rank, candidate_len=candidate_len,
                             dtype=dtype)
-    return plan_decode(cfg, placement, slots=slots, context=context, dtype=dtype)
+    return plan_decode(cfg, placement, slots=slots, context=context, dtype=dtype, mean_live=mean_live,
+                       page_size=page_size)
 
 
 def format_serve_plan(plan: ServePlan, hbm_gib: float) -> str:
@@ -141,4 +158,5 @@ def format_serve_plan(plan: ServePlan, hbm_gib: float) -> str:
     lines += [f"  {name:<56} {b / GiB:9.2f} GiB" for name, b in rows]
     verdict = "fits" if plan.fits(hbm_gib) else "does NOT fit"
     lines.append(f"  {'total':<56} {plan.total_bytes / GiB:9.2f} GiB   {verdict} in {hbm_gib:g} GiB")
+    lines.append(f"kv cache: {plan.kv_cache_bytes / GiB:.2f} GiB per device")
     return "\n".join(lines)

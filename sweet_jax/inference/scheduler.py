@@ -20,6 +20,12 @@
   its last prompt until the slot is taken again. A new prompt that starts with such chunks (the next turn of a
   conversation, the samples of a shared history) copies them, or takes over that free slot, and prefills the rest
   only. Reused or not, a prompt's cache and samples are the same, so this changes no result.
+- With `page_size`, the KV cache is paged (`models.init_paged_cache`, `inference.pages`): `kv_pages` pages of
+  `page_size` tokens shared by all slots, each admitted sample reserving the pages its prompt and max_tokens can
+  fill. Samples of a prompt and reused prefixes share pages instead of copying rows. A job whose pages are not free
+  waits (the cached rows of free slots are dropped first, least recently used first), so the cache can be sized
+  for the tokens in flight rather than slots x context. The tokens and log-probs equal the dense cache's, bit for
+  bit.
 - Every step admits jobs until `prefill_budget` prompt tokens have been prefilled (at least one job), so a burst
   of long prompts does not stall the decoding rows for long.
 - Every segment's attention window is the power of two (at least 128) above the longest active row plus the
@@ -38,6 +44,7 @@ import jax
 import numpy as np
 
 from sweet_jax.data.buckets import round_up
+from sweet_jax.inference.pages import PagePool
 from sweet_jax.inference.placement import Placement
 from sweet_jax.inference.sampling import MAX_STOP_TOKENS, Sample, SamplingParams, add_deltas
 from sweet_jax.inference.slots import slot_programs
@@ -65,18 +72,22 @@ class Job:
 
 class Scheduler:
     def __init__(self, params, cfg, placement: Placement | None = None, *, slots: int = 64, context: int = 8192,
-                 segment: int = 16, prefill_chunk: int = 256, prefill_budget: int = 2048):
+                 segment: int = 16, prefill_chunk: int = 256, prefill_budget: int = 2048,
+                 page_size: int | None = None, kv_pages: int | None = None):
         if segment < 1:
             raise ValueError(f"segment must be >= 1, got {segment}")
         self.placement = placement or Placement.build()
         self.params, self.cfg = self.placement.prepare(params, cfg)
         self.slots, self.context, self.segment = slots, context, segment
-        self.programs = slot_programs(self.cfg, self.placement, slots, context, prefill_chunk)
+        self.programs = slot_programs(self.cfg, self.placement, slots, context, prefill_chunk, page_size, kv_pages)
+        self.pool = (PagePool(self.programs.pages, page_size, slots, self.programs.max_pages)
+                     if self.programs.paged else None)
         self.prefill_budget = prefill_budget
         self.state = self.programs.new_state()
         self.free = collections.deque(range(slots))  # least recently used first
         self.chunks: dict[int, list[int]] = {}  # slot -> chained hashes of the whole prompt chunks its row holds
-        self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "page_waits": 0}  # page_waits: admissions that waited
+        # for KV pages (a paged cache)
         self.owner: dict[int, tuple[Job, int]] = {}  # slot -> (job, sample index)
         self.length = np.zeros(slots, np.int64)  # the host's copy of every slot's cache length
         self.waiting: collections.deque[Job] = collections.deque()
@@ -97,6 +108,16 @@ class Scheduler:
             raise ValueError(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(sampling.stop_tokens)}")
         if any(not 0 <= t < self.cfg.vocab_size for t in prompt):
             raise ValueError(f"prompt token ids must lie in [0, {self.cfg.vocab_size})")
+        if self.pool is not None:
+            need = self.pool.needed(n, len(prompt), self._total(prompt, sampling), 0)
+            if need > self.pool.pages - 1:
+                raise ValueError(f"n={n} samples of a {len(prompt)}-token prompt with max_tokens="
+                                 f"{sampling.max_tokens} need {need} KV pages of {self.pool.page_size} tokens; the "
+                                 f"cache has {self.pool.pages - 1}")
+
+    def _total(self, prompt: list[int], sampling: SamplingParams) -> int:
+        """The tokens a sample's row can reach: its prompt and max_tokens, within the cache."""
+        return min(len(prompt) + sampling.max_tokens, self.programs.positions)
 
     def submit(self, job: Job) -> None:
         self.check(job.prompt, job.sampling, job.n)
@@ -193,6 +214,12 @@ class Scheduler:
             # a prompt with images is not named by its tokens alone: it neither reuses nor offers cached chunks
             hashes = self._hashes(job.prompt) if job.images is None else []
             reuse = self._reuse(hashes, (len(job.prompt) - 1) // c) if hashes else None
+            shared = self._make_room(job, reuse) if self.pool is not None else []
+            if shared is None:
+                self.stats["page_waits"] += 1
+                with self._lock:
+                    self.waiting.appendleft(job)  # back at the head: it runs when finished samples free pages
+                return admitted
             if reuse is not None and reuse[0] in self.free:
                 self.free.remove(reuse[0])
                 job.slots = [reuse[0]] + [self.free.popleft() for _ in range(job.n - 1)]
@@ -200,9 +227,14 @@ class Scheduler:
                 job.slots = [self.free.popleft() for _ in range(job.n)]
             reused = reuse[1] * c if reuse else 0
             try:
+                pages = None
+                if self.pool is not None:
+                    pages = self.pool.admit(job.slots, len(job.prompt), self._total(job.prompt, job.sampling),
+                                            shared)
                 self.state = self.programs.admit(self.params, self.state, job.prompt, job.slots, job.seed,
                                                  job.sampling, job.first_sample,
-                                                 reuse=(reuse[0], reused) if reuse else None, images=job.images)
+                                                 reuse=(reuse[0], reused) if reuse else None, images=job.images,
+                                                 pages=pages)
             except BaseException as e:
                 self.free.extend(job.slots)
                 self._fail_all(e, also=job)
@@ -217,6 +249,23 @@ class Scheduler:
             job.pending = job.n
             admitted.append(job)
 
+    def _make_room(self, job: Job, reuse: tuple[int, int] | None) -> list[int] | None:
+        """Free enough pages for the job, dropping the cached rows of free slots, least recently used first; the
+        pages of the prefix it reuses are pinned first and returned. None (nothing pinned) if the running samples
+        hold too many pages for it now."""
+        reused = reuse[1] * self.programs.chunk // self.pool.page_size if reuse else 0
+        shared = self.pool.pin(reuse[0], reused) if reuse else []
+        need = self.pool.needed(job.n, len(job.prompt), self._total(job.prompt, job.sampling), reused)
+        for slot in list(self.free):
+            if self.pool.available >= need:
+                break
+            self.pool.release(slot)
+            self.chunks.pop(slot, None)
+        if self.pool.available >= need:
+            return shared
+        self.pool.unpin(shared)
+        return None
+
     def _fail_all(self, error: BaseException, also: Job | None = None) -> None:
         jobs = {id(j): j for j, _ in self.owner.values()}
         if also is not None:
@@ -224,6 +273,8 @@ class Scheduler:
         self.owner.clear()
         self.free = collections.deque(range(self.slots))
         self.chunks.clear()
+        if self.pool is not None:
+            self.pool.reset()
         self.state = self.programs.new_state()
         for job in jobs.values():
             if job.on_done is not None:
@@ -243,28 +294,32 @@ def _per_prompt(value, prompts, what: str) -> list:
 
 
 def offline_scheduler(params, cfg, prompts: list[list[int]], settings: list[SamplingParams], n: int, *,
-                      placement: Placement | None = None, max_slots: int = 64, segment: int = 64) -> Scheduler:
+                      placement: Placement | None = None, max_slots: int = 64, segment: int = 64,
+                      page_size: int | None = None, kv_pages: int | None = None) -> Scheduler:
     """A scheduler sized for a batch of prompts: slots for all their samples (a power of two, at most `max_slots`)
-    and a context bucket for the longest prompt plus the most new tokens."""
+    and a context bucket for the longest prompt plus the most new tokens; with `page_size`, on a paged KV cache
+    (`Scheduler`)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     placement = placement or Placement.build()
     rows = min(max_slots, len(prompts) * n)
     slots = max(1 << (rows - 1).bit_length(), placement.data)
     context = round_up(max(len(p) for p in prompts) + max(s.max_tokens for s in settings))
-    return Scheduler(params, cfg, placement, slots=slots, context=context, segment=segment)
+    return Scheduler(params, cfg, placement, slots=slots, context=context, segment=segment, page_size=page_size,
+                     kv_pages=kv_pages)
 
 
 def generate_stream(params, cfg, prompts: list[list[int]],
                     sampling: SamplingParams | list[SamplingParams] = SamplingParams(), *, n: int = 1,
                     seed: int | list[int] = 0, segment: int = 16, placement: Placement | None = None,
-                    max_slots: int = 64) -> Iterator[list[list[Sample]]]:
+                    max_slots: int = 64, page_size: int | None = None,
+                    kv_pages: int | None = None) -> Iterator[list[list[Sample]]]:
     """Like `generate`, but yields after every `segment` decode steps the new tokens of every sample,
     deltas[prompt][sample] (a Sample whose finish_reason is None until its last delta). More samples of a prompt
     than there are slots run as several jobs, drawing as one."""
     settings, seeds = _per_prompt(sampling, prompts, "sampling"), _per_prompt(seed, prompts, "seed")
     sched = offline_scheduler(params, cfg, prompts, settings, n, placement=placement, max_slots=max_slots,
-                              segment=segment)
+                              segment=segment, page_size=page_size, kv_pages=kv_pages)
     news: list[list[Sample]] = []
 
     def collect(i, first):
@@ -285,14 +340,15 @@ def generate_stream(params, cfg, prompts: list[list[int]],
 def generate(params, cfg, prompts: list[list[int]],
              sampling: SamplingParams | list[SamplingParams] = SamplingParams(), *, n: int = 1,
              seed: int | list[int] = 0, placement: Placement | None = None,
-             max_slots: int = 64) -> list[list[Sample]]:
+             max_slots: int = 64, page_size: int | None = None, kv_pages: int | None = None) -> list[list[Sample]]:
     """Sample n continuations of every prompt (token id lists). `sampling` and `seed` are shared or per prompt; a
-    prompt's samples depend only on its own prompt, settings and seed. Returns results[prompt][sample].
+    prompt's samples depend only on its own prompt, settings and seed. Returns results[prompt][sample]. With
+    `page_size`, the KV cache is paged (`Scheduler`): the same results.
 
     `params` may be stacked (training layout) or already placed (`Placement.prepare`), which repeated callers
     should pass: preparing copies the weights."""
     results = [[Sample([], [], None) for _ in range(n)] for _ in prompts]
     for deltas in generate_stream(params, cfg, prompts, sampling, n=n, seed=seed, segment=64, placement=placement,
-                                  max_slots=max_slots):
+                                  max_slots=max_slots, page_size=page_size, kv_pages=kv_pages):
         add_deltas(results, deltas)
     return results

@@ -33,6 +33,11 @@ class ServeSettings:
                                        "their next chunk)")
     prefill_chunk: int = flag(256, help="prompts are prefilled in chunks of this many tokens; whole chunks of earlier "
                                         "prompts are reused (prefix caching)")
+    page_size: int | None = flag(None, help="a paged KV cache of pages this many tokens long (must divide "
+                                            "--prefill-chunk); default: a dense cache, a row per slot")
+    kv_pages: int | None = flag(None, help="with --page-size: pages in the cache, shared by all slots (default: as "
+                                           "many as the dense cache would hold); a request waits for the pages its "
+                                           "prompt and max_tokens can fill")
     max_image_pixels: int | None = flag(None, help="a vision-language model's images are resized to at most this "
                                                    "many pixels (default: its preprocessor_config.json's max_pixels)")
 
@@ -53,8 +58,9 @@ def serve(s: ServeSettings) -> None:
     engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=s.chat_format,
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
-                    stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk,
-                    placement=placement, image_settings=ImageSettings.of_model(s.model, max_pixels=s.max_image_pixels))
+                    stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk, page_size=s.page_size,
+                    kv_pages=s.kv_pages, placement=placement,
+                    image_settings=ImageSettings.of_model(s.model, max_pixels=s.max_image_pixels))
     del loaded  # the engine holds the params
     log.info("serving %s on http://%s:%d/v1 (%s, %d slots x %d tokens)", s.model, s.host, s.port,
              placement.describe(), engine.max_batch, engine.max_model_len)

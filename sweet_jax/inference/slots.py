@@ -49,9 +49,9 @@ def lm_logits(params, cfg, hidden):
     return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
 
 
-def _state_names(cfg) -> dict:
+def _state_names(cfg, paged: bool = False) -> dict:
     row, rows2 = ("batch",), ("batch", None)
-    return {"cache": models.cache_logical_axes(cfg), "length": row, "logits": rows2, "key": rows2, "count": row,
+    return {"cache": models.cache_logical_axes(cfg, paged), "length": row, "logits": rows2, "key": rows2, "count": row,
             "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row,
             "shift": row}
 
@@ -60,7 +60,8 @@ class SlotPrograms:
     """The programs of one (placed model config, mesh, slot count, context) shape; see the module docstring. Use
     `slot_programs`, which caches them: jit compiles each program once per static shape."""
 
-    def __init__(self, cfg, placement: Placement, slots: int, context: int, chunk: int = 256):
+    def __init__(self, cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
+                 page_size: int | None = None, pages: int | None = None):
         if slots % placement.data:
             raise ValueError(f"{slots} decode slots do not split over data={placement.data}")
         if chunk < 1:
@@ -68,8 +69,17 @@ class SlotPrograms:
         self.cfg, self.placement, self.slots, self.context = cfg, placement, slots, context
         self.chunk = min(chunk, 1 << (context - 1).bit_length())  # prefill chunk: prompts go in at most this long
         self.positions = -(-context // self.chunk) * self.chunk  # cache positions: whole chunks
+        self.page_size = page_size
+        if page_size is not None:
+            if placement.data != 1:
+                raise ValueError(f"a paged KV cache serves at data=1 (its pages are one pool); the mesh has "
+                                 f"data={placement.data}: shard over tensor, or leave page_size unset")
+            if page_size < 1 or self.chunk % page_size:
+                raise ValueError(f"page_size {page_size} must divide the prefill chunk ({self.chunk} tokens)")
+            self.max_pages = self.positions // page_size
+            self.pages = pages or slots * self.max_pages + 1  # default: the dense cache's memory, and scratch
         abstract_state = jax.eval_shape(self._zeros)
-        self.state_shardings = placement.shardings(_state_names(cfg), abstract_state)
+        self.state_shardings = placement.shardings(_state_names(cfg, self.paged), abstract_state)
         abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
         self.param_shardings = placement.param_shardings(abstract_params, cfg)
         self._replicated = placement.sharding((), ())
@@ -79,15 +89,24 @@ class SlotPrograms:
         self._start: dict = {}
         self._image_prefill: dict = {}
         self._decode: dict = {}
+        self._set_pages = jax.jit(self._set_pages_fn, donate_argnums=0,
+                                  in_shardings=(self.state_shardings, self._replicated, self._replicated),
+                                  out_shardings=self.state_shardings)
         self._release = jax.jit(self._release_fn, donate_argnums=0,
                                 in_shardings=(self.state_shardings, self._replicated),
                                 out_shardings=self.state_shardings)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
 
     # ------------------------------------------------------------------ state
     def _zeros(self) -> dict:
         b, cfg = self.slots, self.cfg
         f32, i32 = jnp.float32, jnp.int32
-        return {"cache": models.init_cache(cfg, b, self.positions), "length": jnp.zeros(b, i32),
+        cache = (models.init_paged_cache(cfg, b, self.pages, self.page_size, self.positions) if self.paged
+                 else models.init_cache(cfg, b, self.positions))
+        return {"cache": cache, "length": jnp.zeros(b, i32),
                 "logits": jnp.zeros((b, cfg.vocab_size), f32), "key": jnp.zeros((b, 2), jnp.uint32),
                 "count": jnp.zeros(b, i32), "limit": jnp.zeros(b, i32), "temperature": jnp.zeros(b, f32),
                 "top_p": jnp.ones(b, f32), "top_k": jnp.zeros(b, i32),
@@ -117,7 +136,7 @@ class SlotPrograms:
 
     def admit(self, params, state: dict, prompt: list[int], slots: list[int], seed: int,
               sampling: SamplingParams, first_sample: int = 0, reuse: tuple[int, int] | None = None,
-              images=None) -> dict:
+              images=None, pages=None) -> dict:
         """Prefill `prompt` once into the free `slots` (one per sample), with its settings and seed. The samples are
         numbered from `first_sample` (a request split over several admissions draws as if it were one).
 
@@ -125,7 +144,14 @@ class SlotPrograms:
         earlier prompt equal to this one's first m tokens) are this prompt's; only the rest is prefilled. The
         chunks are computed by one program per chunk position whatever came before, so reusing gives the same
         cache, logits and samples as prefilling it all. `images` (`inference.images.PromptImages`): the prompt's
-        images, prefilled with it in one program (never reused)."""
+        images, prefilled with it in one program (never reused).
+
+        A paged cache takes `pages` (`inference.pages.PageRows`): the slots' page table rows, which already name
+        the reused prefix's pages (nothing is copied for it), and the partial page each further sample gets a copy
+        of."""
+        if self.paged != (pages is not None):
+            raise ValueError("a paged cache's admission takes its page rows (inference.pages.PagePool.admit); a "
+                             "dense cache's takes none")
         if not prompt or len(prompt) >= self.context:
             raise ValueError(f"a prompt of {len(prompt)} tokens does not fit a {self.context}-position cache")
         if len(sampling.stop_tokens) > MAX_STOP_TOKENS:
@@ -140,9 +166,11 @@ class SlotPrograms:
         stop = np.full(MAX_STOP_TOKENS, -1, np.int32)
         stop[:len(sampling.stop_tokens)] = sampling.stop_tokens
         with self.placement.active():
+            if pages is not None:
+                state = self._set_pages(state, np.asarray(slots, np.int32), pages.rows)
             if images is not None:
                 state = self._admit_images(params, state, prompt, target, images)
-            elif m and src != target:
+            elif m and src != target and pages is None:
                 state = self.copy_program(self.copy_bucket(m), 1)(state, np.int32(src), np.asarray([target], np.int32))
             for c0 in range(m, len(prompt), self.chunk) if images is None else ():
                 part = prompt[c0:c0 + self.chunk]
@@ -151,7 +179,9 @@ class SlotPrograms:
                 state = self.prefill_program(self.chunk_window(c0), len(tokens))(
                     params, state, tokens, np.int32(c0), np.int32(len(prompt)), np.int32(target))
             fn = self.start_program(self.copy_bucket(len(prompt)), len(slots))
-            return fn(state, np.int32(target), np.asarray(slots, np.int32), np.int32(len(prompt)),
+            # what the other samples' rows copy: a dense row's first positions, or a paged row's partial page
+            copy = (np.int32(target), np.int32(0)) if pages is None else (np.int32(pages.copy_src), pages.copy_dst)
+            return fn(state, *copy, np.asarray(slots, np.int32), np.int32(len(prompt)),
                       np.uint32(seed & 0xFFFFFFFF), np.float32(sampling.temperature), np.float32(sampling.top_p),
                       np.int32(sampling.top_k), np.int32(sampling.max_tokens), stop, np.int32(first_sample),
                       np.int32(0 if images is None else images.shift))
@@ -194,10 +224,11 @@ class SlotPrograms:
         return self._jit(self._copy, (positions, n), functools.partial(self._copy_fn, positions=positions), 2)
 
     def start_program(self, positions: int, n: int):
-        """(state, src, slots [n], length, seed, temperature, top_p, top_k, max_tokens, stop, first_sample, shift)
-        -> state: src (= slots[0]) has the prefilled row; its first `positions` and its logits are copied into the
-        other slots, and the n start sampling, their positions shifted by `shift`."""
-        return self._jit(self._start, (positions, n), functools.partial(self._start_fn, positions=positions), 11)
+        """(state, src, dst_pages, slots [n], length, seed, temperature, top_p, top_k, max_tokens, stop,
+        first_sample, shift) -> state: slots[0] has the prefilled row; the n start sampling, their positions shifted
+        by `shift`, with its logits. A dense cache copies the first `positions` of row src (= slots[0]) into the
+        other slots (dst_pages unused); a paged one copies page src into the pages dst_pages [n - 1]."""
+        return self._jit(self._start, (positions, n), functools.partial(self._start_fn, positions=positions), 12)
 
     def _prefill_fn(self, params, state, tokens, start, length, slot, *, window, mrope=None, images=None):
         cfg, c = self.cfg, tokens.shape[0]
@@ -228,10 +259,26 @@ class SlotPrograms:
     def _copy_fn(self, state, src, dsts, *, positions):
         return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}
 
-    def _start_fn(self, state, src, slots, length, seed, temperature, top_p, top_k, limit, stop, first, shift, *,
-                  positions):
-        n = slots.shape[0]  # slots[0] is src: the prompt was prefilled there
-        cache = self._copy_rows(state["cache"], src, slots[1:], positions) if n > 1 else state["cache"]
+    def _copy_pages(self, cache, src, dsts):
+        def move(pool):  # page src of a pool into pages dsts
+            page = jax.lax.dynamic_index_in_dim(pool, src, 0, keepdims=True)
+            return pool.at[dsts].set(jnp.broadcast_to(page, (dsts.shape[0], *page.shape[1:])))
+        return {**cache, "k": tuple(map(move, cache["k"])), "v": tuple(map(move, cache["v"])),
+                "segment_ids": move(cache["segment_ids"])}
+
+    def _set_pages_fn(self, state, slots, rows):
+        return {**state, "cache": {**state["cache"], "pages": state["cache"]["pages"].at[slots].set(rows)}}
+
+    def _start_fn(self, state, src, dst_pages, slots, length, seed, temperature, top_p, top_k, limit, stop, first,
+                  shift, *, positions):
+        n = slots.shape[0]  # slots[0]: the prompt was prefilled there
+        if n == 1:
+            cache = state["cache"]
+        elif self.paged:
+            cache = self._copy_pages(state["cache"], src, dst_pages)
+        else:
+            cache = self._copy_rows(state["cache"], src, slots[1:], positions)
+        src = slots[0]
         keys = jax.vmap(lambda j: jax.random.key_data(jax.random.fold_in(jax.random.key(seed), j)))(
             first + jnp.arange(n))
         fill = lambda name, value: state[name].at[slots].set(value)  # noqa: E731
@@ -318,6 +365,8 @@ class SlotPrograms:
 
 
 @functools.lru_cache(maxsize=32)
-def slot_programs(cfg, placement: Placement, slots: int, context: int, chunk: int = 256) -> SlotPrograms:
-    """The (cached) programs for a placed model config (`Placement.prepare`), a state shape and a prefill chunk."""
-    return SlotPrograms(cfg, placement, slots, context, chunk)
+def slot_programs(cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
+                  page_size: int | None = None, pages: int | None = None) -> SlotPrograms:
+    """The (cached) programs for a placed model config (`Placement.prepare`), a state shape, a prefill chunk and
+    (for a paged KV cache) its page size and page count."""
+    return SlotPrograms(cfg, placement, slots, context, chunk, page_size, pages)

@@ -18,9 +18,9 @@ from sweet_jax.models.config import (PRESETS, ConfigError, LlamaConfig, Qwen2Con
 from sweet_jax.models.families import FAMILIES, ModelFamily, family, family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params
 from sweet_jax.models.llama import (Params, abstract_params, cache_logical_axes, forward, forward_cached,
-                                    forward_hidden, forward_on_prefix, inference_logical_axes, init_cache, init_params,
-                                    lm_head_weight, param_logical_axes, param_shapes, repeat_kv_heads, token_values,
-                                    unstack_layers)
+                                    forward_hidden, forward_on_prefix, inference_logical_axes, init_cache,
+                                    init_paged_cache, init_params, lm_head_weight, param_logical_axes, param_shapes,
+                                    repeat_kv_heads, token_values, unstack_layers)
 from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
 
 ModelConfig = LlamaConfig  # the config type of every family so far (Qwen2Config, Qwen2VLConfig are LlamaConfigs)
@@ -29,7 +29,7 @@ __all__ = [
     "FAMILIES", "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "LoadedModel", "ModelConfig",
     "ModelFamily", "ModelLoadError", "Params", "Qwen2Config", "Qwen2VLConfig", "RopeScaling", "VisionConfig", "abstract_params", "attention",
     "attention_mask", "cache_logical_axes", "family", "family_of", "forward", "forward_cached", "forward_hidden",
-    "forward_on_prefix", "inference_logical_axes", "init_cache", "init_params", "lm_head_weight", "load_config",
-    "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
+    "forward_on_prefix", "inference_logical_axes", "init_cache", "init_paged_cache", "init_params", "lm_head_weight",
+    "load_config", "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
     "repeat_kv_heads", "save_hf_params", "token_values", "unstack_layers",
 ]

@@ -24,7 +24,7 @@ Heads keep HF's half-split RoPE layout, so HF q/k weights load without permutati
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -213,6 +213,14 @@ def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, win
         return attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
                          kv_branch_ids=branch_ids), None
     dt = jnp.dtype(cfg.compute_dtype)
+    if isinstance(kv, PagedKV):
+        with jax.named_scope("kv_write"):
+            k_pool = kv.k.at[kv.write_pages, :, :, kv.write_offsets].set(k.astype(kv.k.dtype))
+            v_pool = kv.v.at[kv.write_pages, :, kv.write_offsets, :].set(v.astype(kv.v.dtype))
+        kc, vc = paged_rows(k_pool, v_pool, kv.read_pages, kv.kv_segment_ids.shape[1])
+        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv.kv_segment_ids, q_offset=kv.index,
+                             impl=cfg.attention_impl)
+        return a, (k_pool, v_pool)
     k_cache, v_cache, kv_segment_ids, index, row = kv
     with jax.named_scope("kv_write"):
         k_cache = _write_cache(k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), index, row, axis=3)
@@ -356,9 +364,30 @@ def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
             "v": tuple(jnp.zeros(v_shape, dtype) for _ in layers), "segment_ids": jnp.zeros((batch, size), jnp.int32)}
 
 
-def cache_logical_axes(cfg: LlamaConfig) -> dict:
+def init_paged_cache(cfg: LlamaConfig, slots: int, pages: int, page_size: int, positions: int, dtype=None) -> dict:
+    """An empty paged KV cache: per layer, a pool of `pages` pages of `page_size` positions, keys k [P, K, H, page]
+    and values v [P, K, page, H] (the layouts of `init_cache`, a page in place of a row), segment_ids [P, page], and
+    a page table `pages` [slots, positions / page_size] naming the page that holds each slot's positions. Page 0 is
+    scratch: every table entry starts there, and padding and idle rows write there; no live position is ever read
+    from it. `cache_logical_axes(cfg, paged=True)` names the dimensions."""
+    if positions % page_size:
+        raise ValueError(f"{positions} cache positions are not a whole number of {page_size}-position pages")
+    k_shape = (pages, cfg.num_kv_heads, cfg.head_dim, page_size)
+    v_shape = (pages, cfg.num_kv_heads, page_size, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.compute_dtype)
+    layers = range(cfg.num_layers)
+    return {"k": tuple(jnp.zeros(k_shape, dtype) for _ in layers), "v": tuple(jnp.zeros(v_shape, dtype) for _ in layers),
+            "segment_ids": jnp.zeros((pages, page_size), jnp.int32),
+            "pages": jnp.zeros((slots, positions // page_size), jnp.int32)}
+
+
+def cache_logical_axes(cfg: LlamaConfig, paged: bool = False) -> dict:
     """Logical axis names of every `init_cache` array (`parallel.sharding`): rows over the batch axes, KV heads over
     the tensor axis, like the weights that write them."""
+    if paged:
+        k, v = ("cache_pages", "kv_heads", "head_dim", None), ("cache_pages", "kv_heads", None, "head_dim")
+        return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, "segment_ids": ("cache_pages", None),
+                "pages": ("batch", None)}
     k, v = ("batch", "kv_heads", "head_dim", "cache_seq"), ("batch", "kv_heads", "cache_seq", "head_dim")
     return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, "segment_ids": ("batch", "cache_seq")}
 
@@ -403,6 +432,9 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     delta, as HF's generation does."""
     if not isinstance(params["layers"], (tuple, list)):
         raise ValueError("forward_cached takes params in the inference layout: pass llama.unstack_layers(params)")
+    if "pages" in cache:
+        return _forward_paged(params, cfg, tokens, positions, segment_ids, cache, index, window=window, row=row,
+                              images=images)
     dt = jnp.dtype(cfg.compute_dtype)
     all_segment_ids = _write_cache(cache["segment_ids"][:, None, :, None], segment_ids.astype(jnp.int32)[:, None, :,
                                    None], index, row)[:, 0, :, 0]
@@ -420,6 +452,65 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
         vs.append(v_cache)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
     return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": all_segment_ids}
+
+
+class PagedKV(NamedTuple):
+    """One layer's paged cache as `_attend_layer` takes it: the pools, where the new tokens go (page and offset per
+    token, [B, T]), the rows' page tables over the window read ([B', n]), the window's segment ids [B', span]
+    and the query offset (`forward_cached`'s index)."""
+
+    k: jnp.ndarray
+    v: jnp.ndarray
+    write_pages: jnp.ndarray
+    write_offsets: jnp.ndarray
+    read_pages: jnp.ndarray
+    kv_segment_ids: jnp.ndarray
+    index: jnp.ndarray
+
+
+def paged_rows(k_pool, v_pool, read_pages, span: int):
+    """The rows' keys [B', K, H, span] and values [B', K, span, H] gathered from their pages (the dense cache's
+    layouts, so attention over them is the same computation as over a dense row)."""
+    b, n = read_pages.shape
+    k = k_pool[read_pages]  # [B', n, K, H, page]
+    k = k.transpose(0, 2, 3, 1, 4).reshape(b, k.shape[2], k.shape[3], -1)[..., :span]
+    v = v_pool[read_pages]  # [B', n, K, page, H]
+    v = v.transpose(0, 2, 1, 3, 4).reshape(b, v.shape[2], -1, v.shape[4])[:, :, :span]
+    return k, v
+
+
+def _forward_paged(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index, *, window,
+                   row, images):
+    """`forward_cached` over a paged cache (`init_paged_cache`): the same rows, read and written through the page
+    table. Token t of row b goes to position index[b] + t (or index + t of slot `row`); padding (segment id 0) and
+    idle rows write the scratch page."""
+    dt = jnp.dtype(cfg.compute_dtype)
+    table, seg_pool = cache["pages"], cache["segment_ids"]
+    page_size, max_pages = seg_pool.shape[1], table.shape[1]
+    b, t = tokens.shape
+    at = jnp.asarray(index, jnp.int32)
+    at = (at[:, None] if at.ndim else at) + jnp.arange(t, dtype=jnp.int32)[None]  # [B or 1, T] positions
+    rows = table if row is None else jax.lax.dynamic_slice_in_dim(table, row, 1, 0)  # [B', max_pages]
+    page_of = jnp.take_along_axis(rows, jnp.minimum(at // page_size, max_pages - 1), axis=1)
+    write_pages = jnp.where(segment_ids > 0, page_of, 0)
+    write_offsets = jnp.broadcast_to(at % page_size, (b, t))
+    seg_pool = seg_pool.at[write_pages, write_offsets].set(segment_ids.astype(jnp.int32))
+    span = max_pages * page_size if window is None else min(window, max_pages * page_size)
+    read_pages = rows[:, :-(-span // page_size)]
+    kv_segment_ids = seg_pool[read_pages].reshape(read_pages.shape[0], -1)[:, :span]
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+    if images is not None:
+        x = _with_images(params, cfg, x, tokens, images)
+    x = constrain(x, ("batch", "act_seq", "act_embed"))
+    cos, sin = rope_tables(cfg, positions)
+    ks, vs = [], []
+    for layer, k_pool, v_pool in zip(params["layers"], cache["k"], cache["v"], strict=True):
+        kv = PagedKV(k_pool, v_pool, write_pages, write_offsets, read_pages, kv_segment_ids, index)
+        x, (k_pool, v_pool) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids, kv, window=span)
+        ks.append(k_pool)
+        vs.append(v_pool)
+    hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
+    return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": seg_pool, "pages": table}
 
 
 def forward_on_prefix(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, prefix_cache: dict):

@@ -33,6 +33,7 @@ DEFAULT_RULES: Rules = (
     ("layers", None),
     ("norm", None),
     ("cache_seq", None),  # the KV cache's positions
+    ("cache_pages", None),  # a paged KV cache's pages (whole on every data shard: paged serving runs at data=1)
 )
 
 def parse_rules(text: str, base: Rules = DEFAULT_RULES) -> Rules:
