@@ -40,8 +40,10 @@ class Decode(NamedTuple):
     context: int
 
 
-def build_decode(model: str, batch: int, prompt: int, steps: int, dtype: str, segments: int = 2) -> Decode:
-    """`batch` slots of random `prompt`-token prompts on a random-weight `model` preset (`models.preset`)."""
+def build_decode(model: str, batch: int, prompt: int, steps: int, dtype: str, segments: int = 2,
+                 page_size: int | None = None) -> Decode:
+    """`batch` slots of random `prompt`-token prompts on a random-weight `model` preset (`models.preset`); with
+    `page_size`, on a paged KV cache holding just those rows."""
     import jax
     import numpy as np
 
@@ -54,20 +56,33 @@ def build_decode(model: str, batch: int, prompt: int, steps: int, dtype: str, se
     placement = Placement.build()
     params, cfg = placement.prepare(models.init_params(cfg, jax.random.key(0)), cfg)
     context = prompt + segments * steps + 8
-    progs = SlotPrograms(cfg, placement, batch, context)
+    total = prompt + segments * steps + 4
+    pool = None
+    if page_size:
+        from sweet_jax.inference.pages import PagePool
+
+        context = -(-context // page_size) * page_size
+        pages = batch * -(-total // page_size) + 1
+        progs = SlotPrograms(cfg, placement, batch, context, chunk=max(256, page_size), page_size=page_size,
+                             pages=pages)
+        pool = PagePool(pages, page_size, batch, progs.max_pages)
+    else:
+        progs = SlotPrograms(cfg, placement, batch, context)
     state = progs.new_state()
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0, max_tokens=segments * steps + 4)
     for slot in range(batch):
-        state = progs.admit(params, state, rng.integers(0, cfg.vocab_size, prompt).tolist(), [slot], slot, sp)
+        rows = pool.admit([slot], prompt, total, []) if pool else None
+        state = progs.admit(params, state, rng.integers(0, cfg.vocab_size, prompt).tolist(), [slot], slot, sp,
+                            pages=rows)
     return Decode(progs, params, state, cfg, context)
 
 
-def measure(model: str, batch: int, prompt: int, steps: int, dtype: str) -> dict:
+def measure(model: str, batch: int, prompt: int, steps: int, dtype: str, page_size: int | None = None) -> dict:
     import jax
     import numpy as np
 
-    progs, params, state, cfg, context = build_decode(model, batch, prompt, steps, dtype)
+    progs, params, state, cfg, context = build_decode(model, batch, prompt, steps, dtype, page_size=page_size)
     state, out, _ = progs.decode(params, state, steps, context)  # compile + warm-up
     jax.block_until_ready(out)
     t0 = time.perf_counter()
@@ -78,7 +93,7 @@ def measure(model: str, batch: int, prompt: int, steps: int, dtype: str) -> dict
     mean_len = prompt + 1.5 * steps
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize * mean_len * batch
     peak = peak_bandwidth(jax.devices()[0])
-    return {"model": model, "batch": batch, "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
+    return {"model": model, "batch": batch, "paged": page_size, "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
             "bytes_per_step": weights + kv, "gbs": (weights + kv) / step_s / 1e9,
             "mbu": (weights + kv) / step_s / (peak * 1e9) if peak else None,
             "device": getattr(jax.devices()[0], "device_kind", "?")}
@@ -91,6 +106,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--page-size", type=int, default=None, help="decode on a paged KV cache of these pages")
     p.add_argument("--peak-gbs", type=float, default=None, help="the device's peak memory bandwidth (GB/s)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -100,7 +116,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for batch in map(int, args.batches.split(",")):
-            r = measure(model, batch, args.prompt, args.steps, args.dtype)
+            r = measure(model, batch, args.prompt, args.steps, args.dtype, args.page_size)
             rows.append(r)
             mbu = f"{100 * r['mbu']:5.1f}% MBU" if r["mbu"] is not None else "MBU: unknown peak (--peak-gbs)"
             print(f"{model:<12} batch {batch:>3}: {r['step_ms']:7.2f} ms/step  {r['tokens_per_s']:9.1f} tokens/s  "

@@ -12,8 +12,9 @@ section's remaining rows only; a row that fails says why and the next one runs):
   the reference attention; and decode attention alone (8B shapes, batch 64, 2,048 keys).
 - critic: critic train-step MFU (`bench/mfu.py`), 1B and 3B at 2 x 4,096, and 1B with 4 packed documents per row.
 - split: the 1B step's forward loss, value_and_grad and full step: forward, backward and optimiser times.
-- decode: decode MBU (`bench/decode_mbu.py`) for 1B and 8B at batch 1/16/64 and prompts 128/512/2,048, and the
-  compiled 8B decode step checked for whole-cache copies (`SlotPrograms.cache_copies`).
+- decode: decode MBU (`bench/decode_mbu.py`) for 1B and 8B at batch 1/16/64 and prompts 128/512/2,048, the two
+  target rows also on the paged KV cache (on a GPU: JAX's Pallas paged-attention kernel, reading each row's live
+  pages only), and the compiled 8B decode steps checked for whole-cache copies (`SlotPrograms.cache_copies`).
 - peer: HF `LlamaForCausalLM` + torch fused AdamW (autocast bf16, SDPA) on the critic shapes, and HF generate()
   on the decode shapes.
 The summary compares each target figure with its target and each sweet_jax row with its peer row.
@@ -44,6 +45,8 @@ TARGETS = {  # figure -> (target, "min" or "max")
     "backward / forward (1B)": (2.2, "max"),
     "8B decode batch 1 MBU": (0.80, "min"),
     "8B decode batch 64 prompt 2048 MBU": (0.60, "min"),
+    "8B decode batch 1 MBU, paged": (0.80, "min"),
+    "8B decode batch 64 prompt 2048 MBU, paged": (0.60, "min"),
 }
 
 
@@ -178,6 +181,7 @@ def split_rows(smoke: bool):
     yield "split 1B 2x4096", run
 
 
+PAGE_SIZE = 128  # the paged rows' page size (tokens)
 # (model, batch, prompt), most wanted first: the two with targets, then the peer's shapes, then the rest
 DECODE_ROWS = [("llama3.1-8b", 1, 512), ("llama3.1-8b", 64, 2048), ("llama3.2-1b", 1, 512), ("llama3.2-1b", 64, 512),
                ("llama3.1-8b", 64, 512), ("llama3.1-8b", 16, 512), ("llama3.2-1b", 16, 512),
@@ -191,17 +195,18 @@ def decode_rows(smoke: bool):
 
     steps = 4 if smoke else 32
 
-    def mbu_row(model, batch, prompt):
+    def mbu_row(model, batch, prompt, page_size=None):
         label = {"llama3.1-8b": "8B", "llama3.2-1b": "1B"}[model]
-        return (f"{label} decode batch {batch} prompt {prompt}",
+        return (f"{label} decode batch {batch} prompt {prompt}" + (f" paged ({page_size})" if page_size else ""),
                 lambda: decode_mbu.measure("tiny" if smoke else model, batch, 16 if smoke else prompt, steps,
-                                           "float32" if smoke else "bfloat16"))
+                                           "float32" if smoke else "bfloat16", page_size=page_size))
 
     rows = [r for r in DECODE_ROWS if r[1:] in ((1, 512), (64, 2048))] if smoke else DECODE_ROWS
-    for row in rows[:2]:  # the two with targets first
+    for row in rows[:2]:  # the two with targets first, dense and on the paged cache (the paged kernel on a GPU)
         yield mbu_row(*row)
+        yield mbu_row(*row, page_size=8 if smoke else PAGE_SIZE)
 
-    def copies():
+    def copies(page_size=None):
         import jax
 
         from sweet_jax import models
@@ -209,13 +214,17 @@ def decode_rows(smoke: bool):
         from sweet_jax.inference.slots import SlotPrograms
 
         cfg = models.preset("tiny" if smoke else "llama3.1-8b", param_dtype="bfloat16", compute_dtype="bfloat16")
-        batch, context = (2, 64) if smoke else (64, 2048 + 72)
-        progs = SlotPrograms(cfg, Placement.build(), batch, context)
+        batch, context = (2, 64) if smoke else (64, 2048 + 128)
+        progs = SlotPrograms(cfg, Placement.build(), batch, context, chunk=max(256, page_size or 0),
+                             page_size=page_size)
         params = jax.eval_shape(models.llama.unstack_layers, models.abstract_params(cfg))
         found = progs.cache_copies(params, jax.eval_shape(progs._zeros), steps=steps)
-        return {"whole_cache_copies": len(found), "examples": found[:3]}
+        return {"whole_cache_copies": len(found), "examples": found[:3], "page_kernel": progs.page_kernel}
 
     yield "8B decode step: whole-cache copies in the compiled program", copies
+    # the paged kernel's copies are checked on a GPU only: interpret mode (CPU) carries its inputs through a loop
+    if not smoke:
+        yield "8B paged decode step: whole-pool copies in the compiled program", lambda: copies(PAGE_SIZE)
     for row in rows[2:]:
         yield mbu_row(*row)
 
@@ -395,6 +404,9 @@ def figures(rows: dict) -> dict:
         "backward / forward (1B)": get("split 1B 2x4096", "backward_over_forward"),
         "8B decode batch 1 MBU": get("8B decode batch 1 prompt 512", "mbu"),
         "8B decode batch 64 prompt 2048 MBU": get("8B decode batch 64 prompt 2048", "mbu"),
+        "8B decode batch 1 MBU, paged": get(f"8B decode batch 1 prompt 512 paged ({PAGE_SIZE})", "mbu"),
+        "8B decode batch 64 prompt 2048 MBU, paged": get(f"8B decode batch 64 prompt 2048 paged ({PAGE_SIZE})",
+                                                          "mbu"),
     }
     for label in ("1B", "3B"):
         ours, peer = get(f"critic {label} 2x4096", "step_s"), get(f"HF+torch critic {label} 2x4096", "step_s")
@@ -435,7 +447,7 @@ def main(argv=None) -> int:
         for row in run_section(section, args.smoke, limit):
             rows[row["row"]] = row
     figs = figures(rows)
-    print("\nfigure                                  measured     target")
+    print(f"\n{'figure':<44}measured     target")
     for name, value in figs.items():
         target = TARGETS.get(name)
         shown = "n/a" if value is None else f"{value:.3g}"
@@ -443,7 +455,7 @@ def main(argv=None) -> int:
         if target and value is not None:
             good = value >= target[0] if target[1] == "min" else value <= target[0]
             verdict = f"{'>=' if target[1] == 'min' else '<='} {target[0]:g}: {'PASS' if good else 'below target'}"
-        print(f"{name:<40}{shown:>8}     {verdict}")
+        print(f"{name:<44}{shown:>8}     {verdict}")
     failed = [name for name, row in rows.items() if not row.get("ok")]
     print(f"{len(rows) - len(failed)} of {len(rows)} rows ran in {time.monotonic() - start:.0f} s"
           + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -153,7 +153,7 @@ def test_gpu_suite_smoke_runs_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     failed = {name: row["error"] for name, row in rows.items() if not row["ok"]}
-    assert not failed and len(rows) == 18, (failed, sorted(rows))
+    assert not failed and len(rows) == 20, (failed, sorted(rows))
     paths = {name: row["path"] for name, row in rows.items() if "path" in row}
     assert sorted(paths.values()) == ["masked", "one segment", "whole rows"], paths  # no packed kernel on CPU
     for name in paths:

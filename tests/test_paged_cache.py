@@ -142,3 +142,17 @@ def test_paged_settings_are_checked():
 
     with pytest.raises(ValueError, match="page_size 24 must divide the prefill chunk"):
         SlotPrograms(CFG, Placement.build(), slots=4, context=128, chunk=16, page_size=24)
+
+
+@pytest.mark.slow
+def test_the_paged_decode_kernel_gives_the_dense_tokens(params):
+    """JAX's Pallas paged-attention kernel (the GPU decode path; here in interpret mode), on pools in its layout:
+    the dense cache's greedy and sampled tokens, and its log-probs to 1e-5 (the kernel's online softmax rounds
+    differently from the einsum's)."""
+    dense, _ = _run(params)
+    kernel, stats = _run(params, page_size=8, page_kernel=True)
+    assert stats["reused_tokens"] > 0
+    for i in dense:
+        for a, b in zip(dense[i], kernel[i], strict=True):
+            assert a.tokens == b.tokens, i
+            np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)

@@ -49,9 +49,9 @@ def lm_logits(params, cfg, hidden):
     return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
 
 
-def _state_names(cfg, paged: bool = False) -> dict:
+def _state_names(cfg, paged: bool = False, kernel: bool = False) -> dict:
     row, rows2 = ("batch",), ("batch", None)
-    return {"cache": models.cache_logical_axes(cfg, paged), "length": row, "logits": rows2, "key": rows2, "count": row,
+    return {"cache": models.cache_logical_axes(cfg, paged, kernel), "length": row, "logits": rows2, "key": rows2, "count": row,
             "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row,
             "shift": row}
 
@@ -61,7 +61,7 @@ class SlotPrograms:
     `slot_programs`, which caches them: jit compiles each program once per static shape."""
 
     def __init__(self, cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
-                 page_size: int | None = None, pages: int | None = None):
+                 page_size: int | None = None, pages: int | None = None, page_kernel: bool | None = None):
         if slots % placement.data:
             raise ValueError(f"{slots} decode slots do not split over data={placement.data}")
         if chunk < 1:
@@ -78,8 +78,10 @@ class SlotPrograms:
                 raise ValueError(f"page_size {page_size} must divide the prefill chunk ({self.chunk} tokens)")
             self.max_pages = self.positions // page_size
             self.pages = pages or slots * self.max_pages + 1  # default: the dense cache's memory, and scratch
+        # decoding on the paged kernel (`models.attention.paged_decode_attention`, its pools' layout): on a GPU
+        self.page_kernel = self.paged and (jax.default_backend() == "gpu" if page_kernel is None else page_kernel)
         abstract_state = jax.eval_shape(self._zeros)
-        self.state_shardings = placement.shardings(_state_names(cfg, self.paged), abstract_state)
+        self.state_shardings = placement.shardings(_state_names(cfg, self.paged, self.page_kernel), abstract_state)
         abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
         self.param_shardings = placement.param_shardings(abstract_params, cfg)
         self._replicated = placement.sharding((), ())
@@ -104,8 +106,8 @@ class SlotPrograms:
     def _zeros(self) -> dict:
         b, cfg = self.slots, self.cfg
         f32, i32 = jnp.float32, jnp.int32
-        cache = (models.init_paged_cache(cfg, b, self.pages, self.page_size, self.positions) if self.paged
-                 else models.init_cache(cfg, b, self.positions))
+        cache = (models.init_paged_cache(cfg, b, self.pages, self.page_size, self.positions, kernel=self.page_kernel)
+                 if self.paged else models.init_cache(cfg, b, self.positions))
         return {"cache": cache, "length": jnp.zeros(b, i32),
                 "logits": jnp.zeros((b, cfg.vocab_size), f32), "key": jnp.zeros((b, 2), jnp.uint32),
                 "count": jnp.zeros(b, i32), "limit": jnp.zeros(b, i32), "temperature": jnp.zeros(b, f32),
@@ -260,11 +262,14 @@ class SlotPrograms:
         return {**state, "cache": self._copy_rows(state["cache"], src, dsts, positions)}
 
     def _copy_pages(self, cache, src, dsts):
-        def move(pool):  # page src of a pool into pages dsts
+        def move(pool, axis=0):  # page src of a pool (pages on `axis`) into pages dsts
+            pool = jnp.moveaxis(pool, axis, 0)
             page = jax.lax.dynamic_index_in_dim(pool, src, 0, keepdims=True)
-            return pool.at[dsts].set(jnp.broadcast_to(page, (dsts.shape[0], *page.shape[1:])))
-        return {**cache, "k": tuple(map(move, cache["k"])), "v": tuple(map(move, cache["v"])),
-                "segment_ids": move(cache["segment_ids"])}
+            return jnp.moveaxis(pool.at[dsts].set(jnp.broadcast_to(page, (dsts.shape[0], *page.shape[1:]))), 0, axis)
+        axis = 1 if self.page_kernel else 0
+        pools = {name: tuple(move(p, axis) for p in cache[name]) for name in cache if name not in ("segment_ids",
+                                                                                                   "pages")}
+        return {**cache, **pools, "segment_ids": move(cache["segment_ids"])}
 
     def _set_pages_fn(self, state, slots, rows):
         return {**state, "cache": {**state["cache"], "pages": state["cache"]["pages"].at[slots].set(rows)}}
@@ -366,7 +371,8 @@ class SlotPrograms:
 
 @functools.lru_cache(maxsize=32)
 def slot_programs(cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
-                  page_size: int | None = None, pages: int | None = None) -> SlotPrograms:
+                  page_size: int | None = None, pages: int | None = None,
+                  page_kernel: bool | None = None) -> SlotPrograms:
     """The (cached) programs for a placed model config (`Placement.prepare`), a state shape, a prefill chunk and
-    (for a paged KV cache) its page size and page count."""
-    return SlotPrograms(cfg, placement, slots, context, chunk, page_size, pages)
+    (for a paged KV cache) its page size, page count and decode kernel."""
+    return SlotPrograms(cfg, placement, slots, context, chunk, page_size, pages, page_kernel)

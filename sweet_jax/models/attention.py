@@ -386,6 +386,42 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
     return jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(b, 1, n, h).astype(q.dtype)
 
 
+def paged_decode_attention(q, k_pages, v_pages, pages, lengths, *, interpret: bool | None = None):
+    """One new query per row, q [B, 1, N, H], over each row's live pages of a paged KV cache in the kernel layout
+    (keys and values [K, P, page, H]): page table rows `pages` [B, n] and lengths [B] (the keys at positions
+    < length are live). Runs JAX's Pallas GPU paged-attention kernel, which reads only the pages below each row's
+    length (ragged), on a GPU, and in interpret mode elsewhere (slow; for tests). Under a mesh it runs per shard
+    of KV heads (`jax.shard_map`), each with its own query heads. Returns [B, 1, N, H]."""
+    from jax.experimental.pallas.ops.gpu import paged_attention as kernel
+
+    b, _, n_heads, h = q.shape
+    n = pages.shape[1]
+    splits = next(s for s in (16, 8, 4, 2, 1) if n % s == 0)  # partitions of each row's pages, run in parallel
+    per_block = next(s for s in (8, 4, 2, 1) if (n // splits) % s == 0)  # pages per compute block
+    interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+
+    def local(q, k_pages, v_pages, pages, lengths):
+        out = kernel.paged_attention(q * jnp.asarray(h ** -0.5, q.dtype), k_pages, v_pages, pages, lengths,
+                                     block_h=16, pages_per_compute_block=per_block, k_splits=splits,
+                                     interpret=interpret)
+        return out.astype(q.dtype)
+
+    qs, lengths = q[:, 0], lengths.astype(jnp.int32)
+    active = sharding.active()
+    if active is None:
+        return local(qs, k_pages, v_pages, pages, lengths)[:, None]
+    mesh, rules = active
+    qspec = sharding.logical_to_spec((None, "q_heads", None), rules, mesh, qs.shape)
+    kspec = sharding.logical_to_spec(("kv_heads", None, None, None), rules, mesh, k_pages.shape)
+    if qspec[1] != kspec[0]:
+        raise ValueError(f"paged decode attention under this mesh would split {n_heads} query heads as {qspec[1]} "
+                         f"but {k_pages.shape[0]} kv heads as {kspec[0]}")
+    rep = jax.sharding.PartitionSpec()
+    out = jax.shard_map(local, mesh=mesh, in_specs=(qspec, kspec, kspec, rep, rep), out_specs=qspec,
+                        check_vma=False)(qs, k_pages, v_pages, pages, lengths)
+    return out[:, None]
+
+
 def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, segment_ids, *, block: int = 2048):
     """Attention of N rows of C queries q [N,C,Nq,H] over one shared prefix (the cache's layouts: prefix_k
     [1,K,H,P], prefix_v [1,K,P,H], prefix_segment_ids [1,P], real keys > 0) followed by each row's own keys k/v

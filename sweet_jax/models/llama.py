@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from sweet_jax.models import qwen2_vl
-from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
+from sweet_jax.models.attention import attention, cached_attention, paged_decode_attention, prefix_shared_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
 from sweet_jax.parallel.sharding import constrain
@@ -213,6 +213,16 @@ def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, win
         return attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
                          kv_branch_ids=branch_ids), None
     dt = jnp.dtype(cfg.compute_dtype)
+    if isinstance(kv, PagedKV) and kv.kernel:
+        with jax.named_scope("kv_write"):  # [B, T, K, H] into [K, P, page, H]
+            k_pool = kv.k.at[:, kv.write_pages, kv.write_offsets, :].set(k.transpose(2, 0, 1, 3).astype(kv.k.dtype))
+            v_pool = kv.v.at[:, kv.write_pages, kv.write_offsets, :].set(v.transpose(2, 0, 1, 3).astype(kv.v.dtype))
+        if q.shape[1] == 1 and jnp.ndim(kv.index):  # decoding: the kernel reads each row's live pages only
+            return paged_decode_attention(q, k_pool, v_pool, kv.read_pages, kv.index + 1), (k_pool, v_pool)
+        kc, vc = paged_rows(k_pool, v_pool, kv.read_pages, kv.kv_segment_ids.shape[1], kernel=True)
+        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv.kv_segment_ids, q_offset=kv.index,
+                             impl=cfg.attention_impl)
+        return a, (k_pool, v_pool)
     if isinstance(kv, PagedKV):
         with jax.named_scope("kv_write"):
             k_pool = kv.k.at[kv.write_pages, :, :, kv.write_offsets].set(k.astype(kv.k.dtype))
@@ -364,30 +374,40 @@ def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:
             "v": tuple(jnp.zeros(v_shape, dtype) for _ in layers), "segment_ids": jnp.zeros((batch, size), jnp.int32)}
 
 
-def init_paged_cache(cfg: LlamaConfig, slots: int, pages: int, page_size: int, positions: int, dtype=None) -> dict:
+def init_paged_cache(cfg: LlamaConfig, slots: int, pages: int, page_size: int, positions: int, dtype=None,
+                     kernel: bool = False) -> dict:
     """An empty paged KV cache: per layer, a pool of `pages` pages of `page_size` positions, keys k [P, K, H, page]
     and values v [P, K, page, H] (the layouts of `init_cache`, a page in place of a row), segment_ids [P, page], and
     a page table `pages` [slots, positions / page_size] naming the page that holds each slot's positions. Page 0 is
     scratch: every table entry starts there, and padding and idle rows write there; no live position is ever read
-    from it. `cache_logical_axes(cfg, paged=True)` names the dimensions."""
+    from it. With `kernel`, the pools are `k_pages` and `v_pages` [K, P, page, H] instead, the layout of the paged
+    decode kernel (`attention.paged_decode_attention`). `cache_logical_axes(cfg, paged=True, kernel=...)` names
+    the dimensions."""
     if positions % page_size:
         raise ValueError(f"{positions} cache positions are not a whole number of {page_size}-position pages")
-    k_shape = (pages, cfg.num_kv_heads, cfg.head_dim, page_size)
-    v_shape = (pages, cfg.num_kv_heads, page_size, cfg.head_dim)
+    k, h = cfg.num_kv_heads, cfg.head_dim
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     layers = range(cfg.num_layers)
-    return {"k": tuple(jnp.zeros(k_shape, dtype) for _ in layers), "v": tuple(jnp.zeros(v_shape, dtype) for _ in layers),
-            "segment_ids": jnp.zeros((pages, page_size), jnp.int32),
+    if kernel:
+        pools = {name: tuple(jnp.zeros((k, pages, page_size, h), dtype) for _ in layers)
+                 for name in ("k_pages", "v_pages")}
+    else:
+        pools = {"k": tuple(jnp.zeros((pages, k, h, page_size), dtype) for _ in layers),
+                 "v": tuple(jnp.zeros((pages, k, page_size, h), dtype) for _ in layers)}
+    return {**pools, "segment_ids": jnp.zeros((pages, page_size), jnp.int32),
             "pages": jnp.zeros((slots, positions // page_size), jnp.int32)}
 
 
-def cache_logical_axes(cfg: LlamaConfig, paged: bool = False) -> dict:
+def cache_logical_axes(cfg: LlamaConfig, paged: bool = False, kernel: bool = False) -> dict:
     """Logical axis names of every `init_cache` array (`parallel.sharding`): rows over the batch axes, KV heads over
     the tensor axis, like the weights that write them."""
     if paged:
+        tables = {"segment_ids": ("cache_pages", None), "pages": ("batch", None)}
+        if kernel:
+            kv = ("kv_heads", "cache_pages", None, "head_dim")
+            return {"k_pages": (kv,) * cfg.num_layers, "v_pages": (kv,) * cfg.num_layers, **tables}
         k, v = ("cache_pages", "kv_heads", "head_dim", None), ("cache_pages", "kv_heads", None, "head_dim")
-        return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, "segment_ids": ("cache_pages", None),
-                "pages": ("batch", None)}
+        return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, **tables}
     k, v = ("batch", "kv_heads", "head_dim", "cache_seq"), ("batch", "kv_heads", "cache_seq", "head_dim")
     return {"k": (k,) * cfg.num_layers, "v": (v,) * cfg.num_layers, "segment_ids": ("batch", "cache_seq")}
 
@@ -466,15 +486,19 @@ class PagedKV(NamedTuple):
     read_pages: jnp.ndarray
     kv_segment_ids: jnp.ndarray
     index: jnp.ndarray
+    kernel: bool  # the pools in the decode kernel's layout, [K, P, page, H]
 
 
-def paged_rows(k_pool, v_pool, read_pages, span: int):
+def paged_rows(k_pool, v_pool, read_pages, span: int, kernel: bool = False):
     """The rows' keys [B', K, H, span] and values [B', K, span, H] gathered from their pages (the dense cache's
     layouts, so attention over them is the same computation as over a dense row)."""
     b, n = read_pages.shape
-    k = k_pool[read_pages]  # [B', n, K, H, page]
+    if kernel:  # pools [K, P, page, H]: the rows' pages only, then their axes
+        k = k_pool[:, read_pages].transpose(1, 2, 0, 4, 3)  # [B', n, K, H, page]
+        v = v_pool[:, read_pages].transpose(1, 2, 0, 3, 4)  # [B', n, K, page, H]
+    else:
+        k, v = k_pool[read_pages], v_pool[read_pages]
     k = k.transpose(0, 2, 3, 1, 4).reshape(b, k.shape[2], k.shape[3], -1)[..., :span]
-    v = v_pool[read_pages]  # [B', n, K, page, H]
     v = v.transpose(0, 2, 1, 3, 4).reshape(b, v.shape[2], -1, v.shape[4])[:, :, :span]
     return k, v
 
@@ -503,14 +527,16 @@ def _forward_paged(params: Params, cfg: LlamaConfig, tokens, positions, segment_
         x = _with_images(params, cfg, x, tokens, images)
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     cos, sin = rope_tables(cfg, positions)
+    kernel = "k_pages" in cache
+    names = ("k_pages", "v_pages") if kernel else ("k", "v")
     ks, vs = [], []
-    for layer, k_pool, v_pool in zip(params["layers"], cache["k"], cache["v"], strict=True):
-        kv = PagedKV(k_pool, v_pool, write_pages, write_offsets, read_pages, kv_segment_ids, index)
+    for layer, k_pool, v_pool in zip(params["layers"], cache[names[0]], cache[names[1]], strict=True):
+        kv = PagedKV(k_pool, v_pool, write_pages, write_offsets, read_pages, kv_segment_ids, index, kernel)
         x, (k_pool, v_pool) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids, kv, window=span)
         ks.append(k_pool)
         vs.append(v_pool)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
-    return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": seg_pool, "pages": table}
+    return hidden, {names[0]: tuple(ks), names[1]: tuple(vs), "segment_ids": seg_pool, "pages": table}
 
 
 def forward_on_prefix(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, prefix_cache: dict):
