@@ -175,3 +175,18 @@ def test_gpu_suite_section_past_its_limit_loses_only_its_rows():
     assert time.monotonic() - t0 < 30
     assert [r["row"] for r in rows] == [name for name, _ in gpu_suite.critic_rows(True)]
     assert all(not r["ok"] and "2 s limit" in r["error"] for r in rows), rows
+
+
+@pytest.mark.slow
+def test_profile_step_prints_the_groups_and_the_passes():
+    """The critic step of a tiny model on CPU: device time by group (attention and log-prob found by the model's
+    named scopes), the backward / forward ratio, and the top ops."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "profile_step.py"), "critic", "--preset", "tiny",
+                           "--layers", "1", "--hidden", "64", "--seq", "128", "--chunk", "64", "--dtype", "float32",
+                           "--steps", "2", "--top", "5"], capture_output=True, text=True, timeout=budget.time_left())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = dict(re.findall(r"^(matmul|attention|log-prob|norm/elementwise|copies|collectives)\s+([\d.]+)\s",
+                             proc.stdout, re.M))
+    assert len(shares) == 6 and float(shares["attention"]) > 0 and float(shares["log-prob"]) > 0, proc.stdout
+    assert re.search(r"backward / forward [\d.]+x", proc.stdout), proc.stdout
+    assert len(re.findall(r"^\s+[\d.]+\s+[\d.]+\s+\S", proc.stdout.split("top 5 ops:")[1], re.M)) == 5, proc.stdout

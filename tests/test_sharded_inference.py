@@ -1,6 +1,7 @@
 """Inference on a mesh equals inference on one device: 8 fake CPU devices, meshes (data=2, tensor=4), (tensor=8 on a
-model with 2 KV heads, widened to 8), (data=8) and tensor=8 on a paged KV cache. Greedy and seeded sampled tokens are identical, log-probs and
-ranking scores agree to 1e-5, and the compiled decode step gathers no weight and no cache array whole."""
+model with 2 KV heads, widened to 8), (data=8) and tensor=8 on a paged KV cache. Greedy and seeded sampled tokens are
+identical, log-probs and ranking scores agree to 1e-5, and the compiled decode step gathers no weight and no cache
+array whole."""
 
 import json
 import os

@@ -51,8 +51,8 @@ def lm_logits(params, cfg, hidden):
 
 def _state_names(cfg, paged: bool = False, kernel: bool = False) -> dict:
     row, rows2 = ("batch",), ("batch", None)
-    return {"cache": models.cache_logical_axes(cfg, paged, kernel), "length": row, "logits": rows2, "key": rows2, "count": row,
-            "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row,
+    return {"cache": models.cache_logical_axes(cfg, paged, kernel), "length": row, "logits": rows2, "key": rows2,
+            "count": row, "limit": row, "temperature": row, "top_p": row, "top_k": row, "stop": rows2, "active": row,
             "shift": row}
 
 

@@ -27,7 +27,8 @@ ModelConfig = LlamaConfig  # the config type of every family so far (Qwen2Config
 
 __all__ = [
     "FAMILIES", "PRESETS", "CheckpointError", "ConfigError", "LlamaConfig", "LoadedModel", "ModelConfig",
-    "ModelFamily", "ModelLoadError", "Params", "Qwen2Config", "Qwen2VLConfig", "RopeScaling", "VisionConfig", "abstract_params", "attention",
+    "ModelFamily", "ModelLoadError", "Params", "Qwen2Config", "Qwen2VLConfig", "RopeScaling", "VisionConfig",
+    "abstract_params", "attention",
     "attention_mask", "cache_logical_axes", "family", "family_of", "forward", "forward_cached", "forward_hidden",
     "forward_on_prefix", "inference_logical_axes", "init_cache", "init_paged_cache", "init_params", "lm_head_weight",
     "load_config", "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
