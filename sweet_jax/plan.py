@@ -6,20 +6,16 @@ when the step is over the per-device budget, after naming the remat setting that
 exit 2 for bad input. Config overrides work as in `sweet_jax.train` (`--config.data.max_len=16384`).
 
     --mesh        axis sizes, e.g. "fsdp=8" or "data=2,fsdp=4,tensor=8"; unnamed axes are 1; default: the config's
-                  mesh (a -1 there needs --devices).
-    --devices     the device count, when the mesh has a -1.
+                  mesh (a -1 there needs --devices, the device count).
     --seq-len     tokens per sequence (default: data.max_len).
     --turn-len    plan prefix-shared pairs (`data.pack_pairs`, critic and dpo): one row per pair, a shared history of
                   seq-len minus turn-len tokens and two turn-len-token turns. Default: plain pairs, two rows each.
     --hbm-gib     per-device memory budget in GiB (default 80: an H100 / A100-80G; an H200 has 141, a TPU v5p 95).
     --json        also write the figures to this file.
 
-Serving: `python -m sweet_jax.plan --serve --model llama3.1-70b --mesh tensor=8 --batch 64 --context 16384` compiles
-the serving engine's decode step instead (`inference.memory_plan`) and prints the per-device weights, KV cache and
-temporaries; `--rank 16 --candidate-len 1024 --context 15360` plans critic ranking (16 candidates after a history of
---context tokens). --model is a preset name (`models.PRESETS`) or an HF directory; --dtype (default bfloat16).
-`--mean-live 4096 [--page-size 128]` plans a paged KV cache (`models.init_paged_cache`) sized for that mean of live
-tokens per slot instead of a dense one sized for --context. The plan ends with `kv cache: N GiB per device`.
+Serving (`inference.memory_plan`): `--serve --model llama3.1-70b --mesh tensor=8 --batch 64 --context 16384` plans the
+engine's decode step (`--mean-live 4096 [--page-size 128]`: on a paged KV cache for that mean of live tokens per slot;
+`--rank 16 --candidate-len 1024`: critic ranking after a --context history); it ends `kv cache: N GiB per device`.
 """
 
 from __future__ import annotations
@@ -118,7 +114,6 @@ if __name__ == "__main__":
     flags.DEFINE_integer("rank", 0, "--serve: plan critic ranking of this many candidates instead of decoding.")
     flags.DEFINE_integer("candidate_len", 1024, "--serve --rank: tokens per candidate.")
     flags.DEFINE_string("dtype", "bfloat16", "--serve: the weights' and compute dtype.")
-    flags.DEFINE_integer("mean_live", None, "--serve: plan a paged KV cache sized for this mean of live tokens per "
-                         "slot (the dense cache sizes every slot for --context).")
+    flags.DEFINE_integer("mean_live", None, "--serve: a paged KV cache for this mean of live tokens per slot.")
     flags.DEFINE_integer("page_size", 128, "--serve --mean-live: tokens per KV page.")
     run(main, errors=(PlanError,))
