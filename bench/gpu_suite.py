@@ -23,6 +23,7 @@ The summary compares each target figure with its target and each sweet_jax row w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import selectors
@@ -63,48 +64,67 @@ def _median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def attention_rows(smoke: bool):
-    import jax
-    import jax.numpy as jnp
-
+def _attention():
+    """sweet_jax.models.attention, the module (the package's `attention` is the function), imported when a row runs."""
     from importlib import import_module
 
-    attn = import_module("sweet_jax.models.attention")  # the module (sweet_jax.models.attention is the function)
+    return import_module("sweet_jax.models.attention")
+
+
+LAYOUTS = ("whole rows (is_causal)", "one segment + padding (lengths)", "4 packed segments (offsets)")
+
+
+def attention_rows(smoke: bool):
+    """The attention section's rows. Nothing runs (no jax, no device memory) until a row is called: the parent
+    process lists a failed section's rows by name."""
     b, t, n, k, h = (2, 128, 4, 2, 16) if smoke else (2, 4096, 32, 8, 64)
-    dtype = jnp.float32 if smoke else jnp.bfloat16
-    keys = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(keys[0], (b, t, n, h), dtype)
-    kk, v = (jax.random.normal(x, (b, t, k, h), dtype) for x in keys[1:])
-    pad = t // 10
-    layouts = {
-        "whole rows (is_causal)": jnp.ones((b, t), jnp.int32),
-        "one segment + padding (lengths)": jnp.broadcast_to((jnp.arange(t) < t - pad).astype(jnp.int32), (b, t)),
-        "4 packed segments (offsets)": jnp.broadcast_to(jnp.arange(t) // (t // 4) + 1, (b, t)).astype(jnp.int32),
-    }
     impl = "auto"
-    for name, seg in layouts.items():
-        def loss(q, kk, v, seg=seg):
-            return attn.attention(q, kk, v, seg, seg, impl=impl).astype(jnp.float32).sum()
 
-        def run(name=name, seg=seg, loss=loss):
-            grad = jax.jit(jax.grad(loss, (0, 1, 2)))
-            ms = 1e3 * _median_s(lambda: grad(q, kk, v), 3 if smoke else 10)
-            real = (seg > 0)[:, :, None, None]
-            f32 = [x.astype(jnp.float32) for x in (q, kk, v)]
-            got = jax.jit(lambda q, kk, v: attn.attention(q, kk, v, seg, seg, impl=impl))(q, kk, v)
-            ref = jax.jit(lambda q, kk, v: attn.reference_attention(q, kk, v, seg, seg))(*f32)
-            diff = float(jnp.max(jnp.where(real, jnp.abs(got.astype(jnp.float32) - ref), 0)))
-            layout = attn.segment_layout(seg)
-            path = {attn.MASKED: "masked", attn.ONE_SEGMENT: "one segment", attn.WHOLE_ROWS: "whole rows",
-                    attn.PACKED: "packed"}[int(attn.fused_path(layout, attn.resolve_impl(impl, dtype, (t, t))))]
-            return {"ms": ms, "max_abs_diff_vs_reference": diff, "path": path,
-                    "impl": attn.resolve_impl(impl, dtype, (t, t))}
+    @functools.cache
+    def inputs():
+        import jax
+        import jax.numpy as jnp
 
-        yield f"attention fwd+bwd {name}", run
+        attn = _attention()
+        dtype = jnp.float32 if smoke else jnp.bfloat16
+        keys = jax.random.split(jax.random.key(0), 3)
+        qkv = (jax.random.normal(keys[0], (b, t, n, h), dtype),
+               *(jax.random.normal(x, (b, t, k, h), dtype) for x in keys[1:]))
+        pad = t // 10
+        segments = dict(zip(LAYOUTS, (jnp.ones((b, t), jnp.int32),
+                                      jnp.broadcast_to((jnp.arange(t) < t - pad).astype(jnp.int32), (b, t)),
+                                      jnp.broadcast_to(jnp.arange(t) // (t // 4) + 1, (b, t)).astype(jnp.int32))))
+        return qkv, segments, attn.resolve_impl(impl, dtype, (t, t))
+
+    def layout_row(name):
+        import jax
+        import jax.numpy as jnp
+
+        attn = _attention()
+        (q, kk, v), segments, chosen = inputs()
+        seg = segments[name]
+        grad = jax.jit(jax.grad(lambda q, kk, v: attn.attention(q, kk, v, seg, seg, impl=impl).astype(
+            jnp.float32).sum(), (0, 1, 2)))
+        ms = 1e3 * _median_s(lambda: grad(q, kk, v), 3 if smoke else 10)
+        real = (seg > 0)[:, :, None, None]
+        f32 = [x.astype(jnp.float32) for x in (q, kk, v)]
+        got = jax.jit(lambda q, kk, v: attn.attention(q, kk, v, seg, seg, impl=impl))(q, kk, v)
+        ref = jax.jit(lambda q, kk, v: attn.reference_attention(q, kk, v, seg, seg))(*f32)
+        diff = float(jnp.max(jnp.where(real, jnp.abs(got.astype(jnp.float32) - ref), 0)))
+        path = {attn.MASKED: "masked", attn.ONE_SEGMENT: "one segment", attn.WHOLE_ROWS: "whole rows",
+                attn.PACKED: "packed"}[int(attn.fused_path(attn.segment_layout(seg), chosen))]
+        return {"ms": ms, "max_abs_diff_vs_reference": diff, "path": path, "impl": chosen}
+
+    for name in LAYOUTS:
+        yield f"attention fwd+bwd {name}", functools.partial(layout_row, name)
 
     def masked():
-        seg = layouts["4 packed segments (offsets)"]
-        chosen = attn.resolve_impl(impl, dtype, (t, t))
+        import jax
+        import jax.numpy as jnp
+
+        attn = _attention()
+        (q, kk, v), segments, chosen = inputs()
+        seg = segments[LAYOUTS[2]]
         if chosen not in ("xla", "cudnn"):
             return {"ms": None, "note": f"no fused kernel here ({chosen})"}
         grad = jax.jit(jax.grad(lambda q, kk, v: attn._masked_fused(q, kk, v, seg, seg, impl=chosen,
@@ -115,6 +135,11 @@ def attention_rows(smoke: bool):
     yield "attention fwd+bwd 4 packed segments, explicit mask (before)", masked
 
     def decode_attention():
+        import jax
+        import jax.numpy as jnp
+
+        attn = _attention()
+        dtype = jnp.float32 if smoke else jnp.bfloat16
         db, dk, dn, dh, ds = (2, 2, 4, 16, 128) if smoke else (64, 8, 32, 128, 2048)
         dkeys = jax.random.split(jax.random.key(1), 3)
         dq = jax.random.normal(dkeys[0], (db, 1, dn, dh), dtype)
@@ -460,9 +485,10 @@ def main(argv=None) -> int:
     print(f"{len(rows) - len(failed)} of {len(rows)} rows ran in {time.monotonic() - start:.0f} s"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "smoke": args.smoke, "rows": rows, "figures": figs}, fh,
-                      indent=2, default=str)
+        from sweet_jax.files.atomic import write_json
+
+        write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "smoke": args.smoke, "rows": rows, "figures": figs},
+                   indent=2, default=str)
     return 0
 
 

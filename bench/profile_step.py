@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import json
 import os
 import re
 import sys
@@ -294,8 +293,9 @@ def main(argv=None) -> int:
     summary.update(title=title, device=jax.devices()[0].device_kind, profile=xplane)
     print_summary(summary, f"{title} on {summary['device']}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2)
+        from sweet_jax.files.atomic import write_json
+
+        write_json(args.json, summary, indent=2)
     return 0
 
 

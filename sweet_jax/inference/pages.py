@@ -8,7 +8,7 @@ slot, how many slots' rows share each page, and which pages are free (`PagePool`
   (each gets its own copy of the last, partial one, which it writes), and a prompt that starts with whole chunks of
   an earlier one (`inference.scheduler`'s prefix caching) takes that row's pages.
 - A free slot keeps its row, and so its pages, as a prefix cache until the slot is taken again or its pages are
-  needed (`evict`).
+  needed (`release`, which the scheduler calls on free slots, least recently used first).
 - Page 0 is scratch (see `init_paged_cache`) and never handed out.
 """
 
@@ -36,8 +36,7 @@ class PagePool:
         self.pages, self.page_size, self.max_pages = pages, page_size, max_pages
         self.refs = np.zeros(pages, np.int64)
         self.free: collections.deque[int] = collections.deque(range(1, pages))
-        self.rows = np.zeros((slots, max_pages), np.int32)  # the host's copy of the device's page table
-        self.held: list[list[int]] = [[] for _ in range(slots)]  # the pages each slot's row names
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # each slot's row of the page table, in order
 
     @property
     def available(self) -> int:
@@ -52,18 +51,10 @@ class PagePool:
         whole = length // self.page_size
         return self.pages_for(total) - reused + (n - 1) * (self.pages_for(total) - whole)
 
-    def held_by(self, slot: int) -> int:
-        """Pages that releasing `slot` would free (those no other row shares)."""
-        return sum(1 for p in self.held[slot] if self.refs[p] == 1)
-
     def release(self, slot: int) -> None:
         """Drop the slot's row: its pages that no other row names become free."""
-        for p in self.held[slot]:
-            self.refs[p] -= 1
-            if self.refs[p] == 0:
-                self.free.append(p)
+        self.unpin(self.held[slot])
         self.held[slot] = []
-        self.rows[slot] = 0
 
     def _take(self) -> int:
         p = self.free.popleft()
@@ -73,12 +64,13 @@ class PagePool:
     def pin(self, slot: int, n: int) -> list[int]:
         """The first n pages of the slot's row, held (as a row would hold them) so that they outlive the row: a
         reused prefix, whose source row may be dropped before the new rows take the pages over."""
-        pages = [int(p) for p in self.rows[slot, :n]]
+        pages = self.held[slot][:n]
         for p in pages:
             self.refs[p] += 1
         return pages
 
     def unpin(self, pages: list[int]) -> None:
+        """Let go of pages (`pin`ned, or a row's): those no row names any more become free."""
         for p in pages:
             self.refs[p] -= 1
             if self.refs[p] == 0:
@@ -105,9 +97,8 @@ class PagePool:
                 copy_dst.append(own[0])
             rows[i, :n_pages] = first[:whole] + own
             self.held[slot] = first[:whole] + own
-        self.rows[slots] = rows
         return PageRows(rows, first[whole] if partial else 0, np.asarray(copy_dst or [0] * (len(slots) - 1),
                                                                             np.int32))
 
     def reset(self) -> None:
-        self.__init__(self.pages, self.page_size, len(self.rows), self.max_pages)
+        self.__init__(self.pages, self.page_size, len(self.held), self.max_pages)

@@ -87,8 +87,8 @@ class Scheduler:
         self.state = self.programs.new_state()
         self.free = collections.deque(range(slots))  # least recently used first
         self.chunks: dict[int, list[int]] = {}  # slot -> chained hashes of the whole prompt chunks its row holds
-        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "page_waits": 0}  # page_waits: admissions that waited
-        # for KV pages (a paged cache)
+        # page_waits: admissions that waited for KV pages (a paged cache)
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "page_waits": 0}
         self.owner: dict[int, tuple[Job, int]] = {}  # slot -> (job, sample index)
         self.length = np.zeros(slots, np.int64)  # the host's copy of every slot's cache length
         self.waiting: collections.deque[Job] = collections.deque()

@@ -189,7 +189,7 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     k = constrain(apply_rope(k, cos, sin), ("batch", "seq", "kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
     with jax.named_scope("attention"):  # the ops' names say so (`bench/profile_step.py` groups by them)
-        a, kv_out = _attend_layer(cfg, x, q, k, v, segment_ids, kv, branch_ids, window, prefix)
+        a, kv_out = _attend_layer(cfg, q, k, v, segment_ids, kv, branch_ids, window, prefix)
     if kv is None and prefix is None:
         x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
     else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
@@ -205,7 +205,7 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     return x if kv is None else (x, kv_out)
 
 
-def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, window, prefix):
+def _attend_layer(cfg: LlamaConfig, q, k, v, segment_ids, kv, branch_ids, window, prefix):
     """The attention of `_decoder_layer` -> (a [B, T, N, H], the updated (k_cache, v_cache) or None)."""
     if prefix is not None:
         return prefix_shared_attention(q, *prefix, k, v, segment_ids), None
@@ -213,21 +213,17 @@ def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, win
         return attention(q, k, v, segment_ids, segment_ids, impl=cfg.attention_impl, q_branch_ids=branch_ids,
                          kv_branch_ids=branch_ids), None
     dt = jnp.dtype(cfg.compute_dtype)
-    if isinstance(kv, PagedKV) and kv.kernel:
-        with jax.named_scope("kv_write"):  # [B, T, K, H] into [K, P, page, H]
-            k_pool = kv.k.at[:, kv.write_pages, kv.write_offsets, :].set(k.transpose(2, 0, 1, 3).astype(kv.k.dtype))
-            v_pool = kv.v.at[:, kv.write_pages, kv.write_offsets, :].set(v.transpose(2, 0, 1, 3).astype(kv.v.dtype))
-        if q.shape[1] == 1 and jnp.ndim(kv.index):  # decoding: the kernel reads each row's live pages only
-            return paged_decode_attention(q, k_pool, v_pool, kv.read_pages, kv.index + 1), (k_pool, v_pool)
-        kc, vc = paged_rows(k_pool, v_pool, kv.read_pages, kv.kv_segment_ids.shape[1], kernel=True)
-        a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv.kv_segment_ids, q_offset=kv.index,
-                             impl=cfg.attention_impl)
-        return a, (k_pool, v_pool)
     if isinstance(kv, PagedKV):
         with jax.named_scope("kv_write"):
-            k_pool = kv.k.at[kv.write_pages, :, :, kv.write_offsets].set(k.astype(kv.k.dtype))
-            v_pool = kv.v.at[kv.write_pages, :, kv.write_offsets, :].set(v.astype(kv.v.dtype))
-        kc, vc = paged_rows(k_pool, v_pool, kv.read_pages, kv.kv_segment_ids.shape[1])
+            if kv.kernel:  # [B, T, K, H] into [K, P, page, H]
+                k_pool = kv.k.at[:, kv.write_pages, kv.write_offsets].set(k.transpose(2, 0, 1, 3).astype(kv.k.dtype))
+                v_pool = kv.v.at[:, kv.write_pages, kv.write_offsets].set(v.transpose(2, 0, 1, 3).astype(kv.v.dtype))
+            else:  # into keys [P, K, H, page], values [P, K, page, H]
+                k_pool = kv.k.at[kv.write_pages, :, :, kv.write_offsets].set(k.astype(kv.k.dtype))
+                v_pool = kv.v.at[kv.write_pages, :, kv.write_offsets].set(v.astype(kv.v.dtype))
+        if kv.kernel and q.shape[1] == 1 and jnp.ndim(kv.index):  # decoding: the kernel reads live pages only
+            return paged_decode_attention(q, k_pool, v_pool, kv.read_pages, kv.index + 1), (k_pool, v_pool)
+        kc, vc = paged_rows(k_pool, v_pool, kv.read_pages, kv.kv_segment_ids.shape[1], kernel=kv.kernel)
         a = cached_attention(q, kc.astype(dt), vc.astype(dt), segment_ids, kv.kv_segment_ids, q_offset=kv.index,
                              impl=cfg.attention_impl)
         return a, (k_pool, v_pool)
@@ -238,7 +234,7 @@ def _attend_layer(cfg: LlamaConfig, x, q, k, v, segment_ids, kv, branch_ids, win
     span = v_cache.shape[2] if window is None else min(window, v_cache.shape[2])
     # tokens that fill the whole window from slot 0 (a prefix's prefill) attend to themselves only: read from the
     # fresh keys and values, not transposed back out of the cache's layouts
-    fresh = row is None and isinstance(index, int) and index == 0 and span == x.shape[1]
+    fresh = row is None and isinstance(index, int) and index == 0 and span == q.shape[1]
     if fresh:
         a = attention(q, k, v, segment_ids, kv_segment_ids[:, :span], impl=cfg.attention_impl)
     elif row is not None:  # one row of a cache of many: read its first `span` slots only
@@ -459,11 +455,7 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     all_segment_ids = _write_cache(cache["segment_ids"][:, None, :, None], segment_ids.astype(jnp.int32)[:, None, :,
                                    None], index, row)[:, 0, :, 0]
     kv_segment_ids = all_segment_ids if row is None else jax.lax.dynamic_slice_in_dim(all_segment_ids, row, 1, 0)
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
-    if images is not None:
-        x = _with_images(params, cfg, x, tokens, images)
-    x = constrain(x, ("batch", "act_seq", "act_embed"))
-    cos, sin = rope_tables(cfg, positions)
+    x, cos, sin = _cached_inputs(params, cfg, tokens, positions, images)
     ks, vs = [], []
     for layer, k_cache, v_cache in zip(params["layers"], cache["k"], cache["v"], strict=True):
         x, (k_cache, v_cache) = _decoder_layer(cfg, x, layer, cos, sin, segment_ids,
@@ -472,6 +464,14 @@ def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_
         vs.append(v_cache)
     hidden = rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
     return hidden, {"k": tuple(ks), "v": tuple(vs), "segment_ids": all_segment_ids}
+
+
+def _cached_inputs(params: Params, cfg: LlamaConfig, tokens, positions, images):
+    """The embeddings [B, T, D] (with a prompt's image features) and RoPE tables of `forward_cached`'s tokens."""
+    x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    if images is not None:
+        x = _with_images(params, cfg, x, tokens, images)
+    return constrain(x, ("batch", "act_seq", "act_embed")), *rope_tables(cfg, positions)
 
 
 class PagedKV(NamedTuple):
@@ -522,11 +522,7 @@ def _forward_paged(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     span = max_pages * page_size if window is None else min(window, max_pages * page_size)
     read_pages = rows[:, :-(-span // page_size)]
     kv_segment_ids = seg_pool[read_pages].reshape(read_pages.shape[0], -1)[:, :span]
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
-    if images is not None:
-        x = _with_images(params, cfg, x, tokens, images)
-    x = constrain(x, ("batch", "act_seq", "act_embed"))
-    cos, sin = rope_tables(cfg, positions)
+    x, cos, sin = _cached_inputs(params, cfg, tokens, positions, images)
     kernel = "k_pages" in cache
     names = ("k_pages", "v_pages") if kernel else ("k", "v")
     ks, vs = [], []
