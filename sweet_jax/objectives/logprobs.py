@@ -1,7 +1,9 @@
 """Per-token log-probs from final hidden states, in chunks: full [B, T, V] logits never exist.
 
-Each chunk of `chunk` tokens computes its logits in f32, a log-sum-exp and the target's logit, and is
-rematerialised in the backward pass, so peak memory is O(chunk * V) in both directions.
+Each chunk of `chunk` tokens computes its logits in f32, a log-sum-exp and the target's logit. The backward pass
+is written out (`_chunked_logprobs`): it keeps only each token's log-sum-exp from the forward, recomputes a chunk's
+logits, and runs its two vocabulary matmuls in the hidden states' dtype with f32 accumulation, summing the
+projection's gradient over chunks in f32. Peak memory is O(chunk * V) in both directions.
 """
 
 from __future__ import annotations
@@ -28,20 +30,65 @@ def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp
     pad = -t % c
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, d).swapaxes(0, 1)  # [n, B, c, D]
     y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)
-    # All-gathered over the hidden dimension before use, as FSDP does with every weight.
-    w = constrain(lm_head.astype(hidden.dtype), ("act_embed", "vocab"))
+    with jax.named_scope("logprob"):  # the ops' names say so (`bench/profile_step.py` groups by them)
+        out = _chunked_logprobs(h, lm_head, y)  # [n, B, c]
+    return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
 
-    @jax.checkpoint
+
+def _chunk_logits(hc: jnp.ndarray, lm_head: jnp.ndarray) -> jnp.ndarray:
+    """One chunk's f32 logits [B, c, V] from hc [B, c, D], the projection cast to the hidden states' dtype."""
+    # All-gathered over the hidden dimension before use, as FSDP does with every weight.
+    w = constrain(lm_head.astype(hc.dtype), ("act_embed", "vocab"))
+    hc = constrain(hc, ("batch", "seq", "act_embed"))
+    return jnp.einsum("bcd,dv->bcv", hc, w, preferred_element_type=jnp.float32)
+
+
+def _chunks_forward(h, lm_head, y):
+    """Log-probs [n, B, c] and each token's log-sum-exp (the backward pass's residual)."""
+
     def one(args):
         hc, yc = args
-        hc = constrain(hc, ("batch", "seq", "act_embed"))
-        logits = jnp.einsum("bcd,dv->bcv", hc, w, preferred_element_type=jnp.float32)
-        picked = jnp.take_along_axis(logits, yc[..., None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        logits = _chunk_logits(hc, lm_head)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return jnp.take_along_axis(logits, yc[..., None], axis=-1)[..., 0] - lse, lse
 
-    with jax.named_scope("logprob"):  # the ops' names say so (`bench/profile_step.py` groups by them)
-        out = jax.lax.map(one, (h, y))  # [n, B, c]
-    return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
+    return jax.lax.map(one, (h, y))
+
+
+@jax.custom_vjp
+def _chunked_logprobs(h, lm_head, y):
+    """h [n, B, c, D], lm_head [D, V], y int [n, B, c] -> log-probs f32 [n, B, c]."""
+    return _chunks_forward(h, lm_head, y)[0]
+
+
+def _chunked_logprobs_fwd(h, lm_head, y):
+    out, lse = _chunks_forward(h, lm_head, y)
+    return out, (h, lm_head, y, lse)
+
+
+def _chunked_logprobs_bwd(res, g):
+    """d logp / d logits = onehot(y) - softmax: formed per chunk, cast to the matmuls' dtype (as autodiff's own
+    backward would not: it would run both vocabulary matmuls in f32), and contracted with the projection (into dh)
+    and the hidden states (into the projection's f32 gradient, carried over chunks)."""
+    h, lm_head, y, lse = res
+    vocab = lm_head.shape[-1]
+
+    def one(dw, args):
+        hc, yc, lc, gc = args
+        logits = _chunk_logits(hc, lm_head)
+        onehot = jnp.arange(vocab, dtype=yc.dtype) == yc[..., None]
+        dlogits = (gc[..., None] * (onehot - jnp.exp(logits - lc[..., None]))).astype(hc.dtype)
+        w = constrain(lm_head.astype(hc.dtype), ("act_embed", "vocab"))
+        dh = jnp.einsum("bcv,dv->bcd", dlogits, w, preferred_element_type=jnp.float32).astype(hc.dtype)
+        dw = dw + jnp.einsum("bcd,bcv->dv", hc, dlogits, preferred_element_type=jnp.float32)
+        return dw, dh
+
+    dw0 = constrain(jnp.zeros(lm_head.shape, jnp.float32), ("act_embed", "vocab"))
+    dw, dh = jax.lax.scan(one, dw0, (h, y, lse, g))
+    return dh, dw.astype(lm_head.dtype), None
+
+
+_chunked_logprobs.defvjp(_chunked_logprobs_fwd, _chunked_logprobs_bwd)
 
 
 def token_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, targets_mask: jnp.ndarray | None = None, *,
