@@ -78,8 +78,10 @@ class SlotPrograms:
                 raise ValueError(f"page_size {page_size} must divide the prefill chunk ({self.chunk} tokens)")
             self.max_pages = self.positions // page_size
             self.pages = pages or slots * self.max_pages + 1  # default: the dense cache's memory, and scratch
-        # decoding on the paged kernel (`models.attention.paged_decode_attention`, its pools' layout): on a GPU
-        self.page_kernel = self.paged and (jax.default_backend() == "gpu" if page_kernel is None else page_kernel)
+        # decoding on the paged kernel (`models.attention.paged_decode_attention`, its pools' layout): by default
+        # where JAX ships one, on a GPU or a TPU
+        accelerator = jax.default_backend() in ("gpu", "tpu")
+        self.page_kernel = self.paged and (accelerator if page_kernel is None else page_kernel)
         abstract_state = jax.eval_shape(self._zeros)
         self.state_shardings = placement.shardings(_state_names(cfg, self.paged, self.page_kernel), abstract_state)
         abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))

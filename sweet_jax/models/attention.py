@@ -27,6 +27,7 @@ kernel knows only segment equality, hands such calls to the xla path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -386,24 +387,36 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
     return jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(b, 1, n, h).astype(q.dtype)
 
 
-def paged_decode_attention(q, k_pages, v_pages, pages, lengths, *, interpret: bool | None = None):
+def paged_decode_attention(q, k_pages, v_pages, pages, lengths, *, platform: str | None = None):
     """One new query per row, q [B, 1, N, H], over each row's live pages of a paged KV cache in the kernel layout
     (keys and values [K, P, page, H]): page table rows `pages` [B, n] and lengths [B] (the keys at positions
-    < length are live). Runs JAX's Pallas GPU paged-attention kernel, which reads only the pages below each row's
-    length (ragged), on a GPU, and in interpret mode elsewhere (slow; for tests). Under a mesh it runs per shard
-    of KV heads (`jax.shard_map`), each with its own query heads. Returns [B, 1, N, H]."""
-    from jax.experimental.pallas.ops.gpu import paged_attention as kernel
-
+    < length are live). Runs JAX's Pallas paged-attention kernel for `platform` (default: the backend's), which reads
+    only the pages below each row's length (ragged): the Triton kernel on a GPU, the Mosaic kernel on a TPU (it
+    reads keys and values as bf16, the TPU's cache dtype). Elsewhere the GPU kernel runs in interpret mode, or the
+    TPU kernel in TPU interpret mode with platform="tpu" (slow; for tests). Under a mesh it runs per shard of KV
+    heads (`jax.shard_map`), each with its own query heads. Returns [B, 1, N, H]."""
     b, _, n_heads, h = q.shape
     n = pages.shape[1]
     splits = next(s for s in (16, 8, 4, 2, 1) if n % s == 0)  # partitions of each row's pages, run in parallel
     per_block = next(s for s in (8, 4, 2, 1) if (n // splits) % s == 0)  # pages per compute block
-    interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+    backend = jax.default_backend()
+    platform = platform or (backend if backend in ("gpu", "tpu") else "gpu")
 
     def local(q, k_pages, v_pages, pages, lengths):
-        out = kernel.paged_attention(q * jnp.asarray(h ** -0.5, q.dtype), k_pages, v_pages, pages, lengths,
-                                     block_h=16, pages_per_compute_block=per_block, k_splits=splits,
-                                     interpret=interpret)
+        q = q * jnp.asarray(h ** -0.5, q.dtype)
+        if platform == "tpu":
+            from jax.experimental.pallas import tpu as pltpu
+            from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_kernel
+
+            mode = contextlib.nullcontext() if backend == "tpu" else pltpu.force_tpu_interpret_mode()
+            with mode:
+                out = tpu_kernel(q, k_pages, v_pages, lengths, pages, pages_per_compute_block=per_block)
+        else:
+            from jax.experimental.pallas.ops.gpu import paged_attention as gpu_kernel
+
+            out = gpu_kernel.paged_attention(q, k_pages, v_pages, pages, lengths, block_h=16,
+                                             pages_per_compute_block=per_block, k_splits=splits,
+                                             interpret=backend != "gpu")
         return out.astype(q.dtype)
 
     qs, lengths = q[:, 0], lengths.astype(jnp.int32)
