@@ -24,7 +24,7 @@ LAYERS = (
     ("sweet",),
 )
 COMMANDS = ("best_of_n", "collect", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
-            "report", "serve", "tasks", "train")
+            "report", "serve", "tasks", "testbed", "train")
 JAX_ROOTS = ("jax", "jaxlib", "flax", "optax", "orbax")
 
 

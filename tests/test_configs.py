@@ -61,6 +61,10 @@ def test_all_configs_load():
             if n == "vlm_critic_7b":
                 assert c.loss.reward_padding == "include"
                 assert (c.optim.lr, c.optim.batch_size, c.train.epochs, c.optim.b2) == (2e-7, 8, 8, 0.95)
+        elif n.startswith("testbed_"):  # the credit-assignment testbed (sweet_jax.testbed): valid domain settings
+            from sweet_jax.colbench.testbed_domain import TestbedSettings
+
+            assert TestbedSettings.from_config(c.testbed).max_steps == c.testbed.budget + 1
         else:
             assert c.objective in ("critic", "dpo", "sft")
 

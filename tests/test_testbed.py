@@ -1,0 +1,156 @@
+"""The credit-assignment testbed: its ground truth against an independent exhaustive search over the hidden tasks
+(the scripted human's replies and the official scoring), and its scripted policies measured through the real episodes
+and the sandboxed evaluator against what it computes."""
+
+import functools
+import itertools
+import random
+import subprocess
+import sys
+
+import pytest
+
+from sweet_jax.colbench import testbed_domain as tb
+from sweet_jax.colbench.scoring import score_answer
+
+SMALL = tb.TestbedSettings(details=3, values=2, budget=2, p_use=0.4, cue_noise=0.25)
+
+
+def _hidden_prior(s, cues):
+    """Every coefficient vector with its probability given the request's cues (Bayes over the generating process)."""
+    out = {}
+    for coefficients in itertools.product((0,) + tb.VALUES[:s.values], repeat=s.details):
+        w = 1.0
+        for c, cued in zip(coefficients, cues):
+            p_cue = (1 - s.cue_noise) if (c != 0) == cued else s.cue_noise
+            w *= p_cue * (s.p_use / s.values if c else 1 - s.p_use)
+        out[coefficients] = w
+    total = sum(out.values())
+    return {c: w / total for c, w in out.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _official_success(s):
+    """{(answer's coefficients, hidden coefficients): success} by the official scoring rules, for every pair."""
+    vectors = list(itertools.product((0,) + tb.VALUES[:s.values], repeat=s.details))
+    tests = {f"t{i}": f"solve({x})" for i, x in enumerate(tb.TEST_INPUTS)}
+    return {(a, h): score_answer(tb.code(a), tb.code(h), tests).success for a in vectors for h in vectors}
+
+
+class Exhaustive:
+    """Expectimax (or a policy's expectation) over the hidden tasks consistent with the dialogue so far: replies
+    from the scripted human on each hidden task, success from the official scoring of each answer on it."""
+
+    def __init__(self, s, cues):
+        self.s, self.cues = s, cues
+        self.prior = _hidden_prior(s, cues)
+        self.tasks = {c: {"hidden_information": tb.code(c), "testbed": {"coefficients": list(c)}}
+                      for c in self.prior}
+        self.answers = list(self.prior)  # every answer the domain's parser reads: the same coefficient vectors
+        self.success = _official_success(s)
+        self.questions = [tb.question(j) for j in range(s.details)] + [tb.VAGUE_QUESTION]
+
+    def consistent(self, dialogue):
+        return {h: w for h, w in self.prior.items()
+                if all(tb.simulator_reply(self.tasks[h], m) == r for m, r in dialogue)}
+
+    def q(self, dialogue, message, turns_left, policy):
+        hidden = self.consistent(dialogue)
+        total = sum(hidden.values())
+        if tb.ANSWER_MARKER in message:
+            a = tb.parse_polynomial(message, self.s.details)
+            return sum(w * self.success[(tuple(a), h)] for h, w in hidden.items()) / total
+        if turns_left <= 1:
+            return 0.0
+        by_reply = {}
+        for h, w in hidden.items():
+            by_reply.setdefault(tb.simulator_reply(self.tasks[h], message), 0.0)
+            by_reply[tb.simulator_reply(self.tasks[h], message)] += w
+        return sum(w / total * self.v(dialogue + ((message, r),), turns_left - 1, policy)
+                   for r, w in by_reply.items())
+
+    def v(self, dialogue, turns_left, policy):
+        return self._v(tuple(dialogue), turns_left, policy)
+
+    @functools.lru_cache(maxsize=None)
+    def _v(self, dialogue, turns_left, policy):
+        if policy == "optimal":
+            options = self.questions + [tb.answer_message(a) for a in self.answers]
+            return max(self.q(dialogue, m, turns_left, policy) for m in options)
+        assert policy == "random"  # uniform over ask each term, the vague question, answer (told terms, else 0)
+        told = tb.dialogue_state(self.s, self._history(dialogue)).told_map
+        plain = tb.answer_message([told.get(j, 0) for j in range(self.s.details)])
+        options = self.questions + [plain]
+        return sum(self.q(dialogue, m, turns_left, policy) for m in options) / len(options)
+
+    def _history(self, dialogue):
+        history = [{"role": "user", "content": tb._request(self.cues)}]
+        for m, r in dialogue:
+            history += [{"role": "assistant", "content": m}, {"role": "user", "content": r}]
+        return history
+
+
+@pytest.mark.parametrize("cues", [(False, False, False), (True, False, True), (True, True, True)])
+def test_values_equal_an_exhaustive_search_over_the_hidden_tasks(cues):
+    ex = Exhaustive(SMALL, cues)
+    root = tb.State(cues, (), SMALL.max_steps)
+    assert tb.v_value(SMALL, root, "optimal") == pytest.approx(ex.v((), SMALL.max_steps, "optimal"), abs=1e-12)
+    assert tb.v_value(SMALL, root, "random") == pytest.approx(ex.v((), SMALL.max_steps, "random"), abs=1e-12)
+    # Q* of every message at the first turn and after one answered question: each question, and every answer
+    messages = ex.questions + [tb.answer_message(a) for a in ex.answers]
+    for dialogue in ((), ((tb.question(1), tb.simulator_reply(ex.tasks[(0, 2, 0)], tb.question(1))),)):
+        state = tb.dialogue_state(SMALL, ex._history(dialogue))
+        for m in messages:
+            expected = ex.q(dialogue, m, state.turns_left, "optimal")
+            assert tb.q_value(SMALL, state, m, "optimal") == pytest.approx(expected, abs=1e-12), (dialogue, m)
+
+
+def test_the_expected_success_is_the_mean_over_the_cue_patterns():
+    p_cue = SMALL.p_use * (1 - SMALL.cue_noise) + (1 - SMALL.p_use) * SMALL.cue_noise
+    expected = sum(p_cue ** sum(c) * (1 - p_cue) ** (SMALL.details - sum(c))
+                   * Exhaustive(SMALL, c).v((), SMALL.max_steps, "optimal")
+                   for c in itertools.product((False, True), repeat=SMALL.details))
+    assert tb.expected_success(SMALL, "optimal") == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_request_cues_and_the_human_reads_the_hidden_code():
+    s = tb.TestbedSettings()
+    rng = random.Random(3)
+    for task in tb.make_tasks(s, 50, 1):
+        state = tb.initial_state(s, task)
+        assert tb.dialogue_state(s, [{"role": "user", "content": task["problem_description"]}]) == state
+        coefficients = task["testbed"]["coefficients"]
+        assert tb.parse_polynomial(task["ground_truth"], s.details) == coefficients
+        j = rng.randrange(s.details)
+        reply = tb.simulator_reply(task, f"Could you tell me, what is the {tb.TERMS[j]}?")
+        assert (str(coefficients[j]) in reply) == bool(coefficients[j]) and tb.TERMS[j] in reply
+    assert tb.parse_action("What are the linear term and the cubic term?", 4) == ("vague",)
+    assert tb.parse_action("I WANT TO ANSWER:\ndef solve(x):\n    return x + 1", 4) == ("answer", None)
+    assert tb.parse_action(tb.answer_message([5, 0, 3, 0]), 4) == ("answer", [5, 0, 3, 0])
+    with pytest.raises(ValueError, match="cue_noise=1.5"):
+        tb.TestbedSettings(cue_noise=1.5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_scripted_policies_measure_what_they_compute(seed):
+    """Through the real episodes and the sandboxed evaluator: within 3 standard errors, on 3 seeds (the outcome
+    of each fixed seed is deterministic). The collecting policy on the first seed."""
+    s = tb.TestbedSettings()
+    for policy in ("optimal", "random") + (("collector",) if seed == 0 else ()):
+        r = tb.measure(s, policy, seed=seed, episodes=150)
+        assert abs(r["measured"] - r["computed"]) <= 3 * r["standard_error"], r
+        assert abs(r["computed"] - r["expected"]) < 0.1, r
+
+
+def test_the_command_prints_measured_and_computed(tmp_path):
+    out = tmp_path / "oracle.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "sweet_jax.testbed", "oracle", "--config", "configs/testbed_tiny.py",
+                           "--episodes", "40", "--seed", "5", "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.splitlines()[0]
+    assert line.startswith("oracle: measured ") and " computed " in line, proc.stdout
+    assert len(out.read_text().splitlines()) == 40
+    bad = subprocess.run([sys.executable, "-m", "sweet_jax.testbed", "oracel", "--config", "configs/testbed_tiny.py"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "oracle, random, collector" in bad.stderr
