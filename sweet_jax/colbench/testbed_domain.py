@@ -424,3 +424,26 @@ def measure(s: TestbedSettings, policy: str, *, seed: int, episodes: int, out: s
             "computed": sum(computed) / n if n else 0.0,
             "standard_error": math.sqrt(max(measured * (1 - measured), 1e-12) / n) if n else None,
             "expected": expected_success(s, policy)}
+
+
+def diagnostic_states(s: TestbedSettings, tasks: list[dict], *, candidates: int = 16, seed: int = 0) -> list[dict]:
+    """Held-out states for judging a turn's candidates: every agent turn of one collecting-policy episode per task,
+    with `candidates` messages each drawn from the collecting or (half the time) the uniform random policy, and
+    their true values: `truth` (Q*), `truth_collector` (Q under the collecting policy), `kinds` (the action type of
+    each: ask, vague, answer), `turn` (0-based), and the dialogue so far (`history`) with its `task`."""
+    rng = random.Random(f"diagnostics-{seed}")
+    out = []
+    for task in tasks:
+        ep = BackendEpisode(task, max_steps=s.max_steps, date_header=False)
+        while True:
+            state = dialogue_state(s, ep.history)
+            msgs = [act(s, state, "random" if rng.random() < 0.5 else "collector", rng) for _ in range(candidates)]
+            out.append({"task": task, "history": [dict(m) for m in ep.history], "turn": ep.steps, "candidates": msgs,
+                        "kinds": [parse_action(m, s.details)[0] for m in msgs],
+                        "truth": [q_value(s, state, m, "optimal") for m in msgs],
+                        "truth_collector": [q_value(s, state, m, "collector") for m in msgs]})
+            message = act(s, state, "collector", rng)
+            if ep.step(message):
+                break
+            ep.add_reply(simulator_reply(task, message))
+    return out
