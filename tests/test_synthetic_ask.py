@@ -68,3 +68,25 @@ def test_written_files_are_disjoint_and_simulator_examples_match_the_served_prom
     # the same seed gives the same files
     again = synthetic.write_ask_data(tmp_path / "again", num_tasks=30, num_test_tasks=10, seed=3)
     assert all(open(files[k]).read() == open(again[k]).read() for k in files)
+
+
+def test_the_ask_breakdown_of_scripted_rollouts():
+    import random
+
+    from sweet_jax.colbench import synthetic
+
+    rng = random.Random(0)
+    tasks = [synthetic.make_ask_task(rng, 4, f"t{i}") for i in range(300)]
+    records = [synthetic.ask_rollout(t, rng, p_good=0.5, p_vague=0.2) for t in tasks]
+    b = synthetic.ask_breakdown(records)
+    assert abs(b["openings"]["good question"] - 0.5) < 0.07 and abs(b["openings"]["vague question"] - 0.2) < 0.06
+    assert (b["told_right"], b["copied"], b["success_after_good"], b["answered"]) == (1.0, 1.0, 1.0, 1.0)
+    assert b["success_by_opening"]["vague question"] < 0.5
+    # a simulator that states a wrong constant, and an agent that copies it: told wrong, copied, failed
+    rec = next(r for r in records if synthetic.opens_with_good_question(r))
+    wrong = [c for c in rec["task"]["constants"] if c != synthetic.ask_constant(rec["task"])][0]
+    history = [dict(m) for m in rec["dialogue_history"]]
+    history[2]["content"] = f"It should use {wrong}."
+    bad = {**rec, "dialogue_history": history, "answer": synthetic.ask_answer(rec["task"], wrong), "reward": 0.0}
+    b = synthetic.ask_breakdown([bad])
+    assert (b["told_right"], b["copied"], b["success_after_good"]) == (0.0, 1.0, 0.0)

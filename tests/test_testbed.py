@@ -154,3 +154,32 @@ def test_the_command_prints_measured_and_computed(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sweet_jax.testbed", "oracel", "--config", "configs/testbed_tiny.py"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "oracle, random, collector" in bad.stderr
+
+
+def _scored(s, policy, episodes, seed):
+    """Scripted episodes scored by the official rules (in process: the code is the domain's own)."""
+    rng = random.Random(seed)
+    out = []
+    for task in tb.make_tasks(s, episodes, seed):
+        rec = tb.play(s, task, policy, rng)
+        rec["reward"] = score_answer(rec["answer"], task["ground_truth"], task["test_cases"]).reward
+        out.append(rec)
+    return out
+
+
+def test_the_policy_breakdown_of_the_scripted_policies():
+    s = tb.TestbedSettings()
+    optimal = tb.policy_breakdown(s, _scored(s, "optimal", 300, 11))
+    assert all(row["optimal"] == 1.0 for row in optimal["by_turn"].values())
+    assert optimal["answers"]["answered"] == 1.0 and optimal["answers"]["guesses_optimal"] == 1.0
+    assert optimal["answers"]["told_right"] == 1.0 and abs(optimal["regret"]) < 0.08
+    assert set(optimal["success_by_opening"]) <= {"ask cued", "ask uncued"}
+    collector = tb.policy_breakdown(s, _scored(s, "collector", 600, 12))
+    first = collector["by_turn"][0]
+    assert abs(first.get("vague", 0) - s.collector.p_vague) < 0.04 and abs(first["answer"] - s.collector.p_answer) < 0.05
+    assert "ask told" not in first and collector["by_turn"][2]["answer"] == 1.0  # the last turn always answers
+    assert collector["regret"] == pytest.approx(tb.expected_success(s, "optimal") - tb.expected_success(
+        s, "collector"), abs=0.06)
+    # opening by asking a cued term succeeds more often than by asking an uncued one, as Q* says it should
+    opens = collector["success_by_opening"]
+    assert opens["ask cued"]["success"] > opens["ask uncued"]["success"] > opens["answer"]["success"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 from sweet_jax.chat import get_format
 from sweet_jax.colbench.scoring import score_answer
@@ -268,3 +269,41 @@ def write_ask_data(directory: str | os.PathLike, *, num_tasks: int, num_test_tas
     return {"pretrain": write_jsonl(os.path.join(d, "pretrain.jsonl"), pretrain),
             "train_tasks": write_jsonl(os.path.join(d, "train_tasks.jsonl"), tasks[:num_tasks]),
             "test_tasks": write_jsonl(os.path.join(d, "test_tasks.jsonl"), tasks[num_tasks:])}
+
+
+def ask_breakdown(records: list[dict]) -> dict:
+    """What an ask-domain policy does turn by turn, over scored trajectory records (`reward` 1 on success):
+    - `openings`: the share of episodes opening with the good question, the vague one, an answer, or anything else,
+      and `success_by_opening` for each;
+    - after the good question: `told_right` (the human's reply states the task's constant), `copied` (the answer
+      uses the constant the reply stated, when it stated one) and `success_after_good`;
+    - `answered` (the episode ends with an answer in the domain's form)."""
+    openings, success = {}, {}
+    good = told_right = stated = copied = good_success = answered = 0
+    for rec in records:
+        turns = [m for m in rec["dialogue_history"] if m["role"] == "assistant"]
+        first = turns[0]["content"].strip() if turns else ""
+        kind = ("good question" if first == GOOD_QUESTION else "vague question" if first == VAGUE_QUESTION
+                else "answer" if "I WANT TO ANSWER" in first else "other")
+        ok = float(rec.get("reward", 0.0)) >= 1.0
+        openings[kind] = openings.get(kind, 0) + 1
+        success[kind] = success.get(kind, 0) + ok
+        answer = re.search(r"return x [-+*] (\d+)", rec.get("answer") or "")
+        answered += answer is not None
+        if kind != "good question":
+            continue
+        good += 1
+        good_success += ok
+        history = rec["dialogue_history"]
+        reply = history[2]["content"] if len(history) > 2 and history[2]["role"] == "user" else ""
+        number = re.search(r"(\d+)", reply)
+        told_right += number is not None and int(number.group(1)) == ask_constant(rec["task"])
+        if number is not None:
+            stated += 1
+            copied += answer is not None and answer.group(1) == number.group(1)
+    n = len(records)
+    rate = lambda a, b: a / b if b else None  # noqa: E731
+    return {"episodes": n, "openings": {k: v / n for k, v in sorted(openings.items())},
+            "success_by_opening": {k: success[k] / openings[k] for k in sorted(openings)},
+            "told_right": rate(told_right, good), "copied": rate(copied, stated),
+            "success_after_good": rate(good_success, good), "answered": rate(answered, n)}

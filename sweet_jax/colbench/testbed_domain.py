@@ -447,3 +447,60 @@ def diagnostic_states(s: TestbedSettings, tasks: list[dict], *, candidates: int 
                 break
             ep.add_reply(simulator_reply(task, message))
     return out
+
+
+def policy_breakdown(s: TestbedSettings, records: list[dict]) -> dict:
+    """What a policy did, against the optimum, over scored trajectory records (`reward` 1 on success):
+    - `by_turn[t]`: the share of turn-t actions that asked about a term the task uses, one it does not use, one
+      already told, were vague, or answered; and `optimal`, the share that were among the state's best actions (Q*);
+    - `answers`: the share of answers in the domain's form, of those that copied every told coefficient right, and
+      of those whose choice for each untold term (a guess, or 0) is the optimal one;
+    - `success_by_opening`: success after each kind of first turn (ask a cued / an uncued term, vague, answer);
+    - `regret`: the mean of V* at the first state minus the outcome (0 for the optimal policy, up to sampling)."""
+    by_turn: dict = {}
+    openings: dict = {}
+    answers = {"episodes": 0, "form": 0, "told_right": 0, "guesses_optimal": 0}
+    regret = 0.0
+    for rec in records:
+        task, history = rec["task"], rec["dialogue_history"]
+        used = [bool(c) for c in task["testbed"]["coefficients"]]
+        ok = float(rec.get("reward", 0.0)) >= 1.0
+        regret += v_value(s, initial_state(s, task)) - ok
+        turn = 0
+        for i, m in enumerate(history):
+            if m["role"] != "assistant":
+                continue
+            state = dialogue_state(s, history[:i])
+            action = parse_action(m["content"], s.details)
+            if action[0] == "ask":
+                kind = ("ask told" if action[1] in state.told_map else
+                        "ask used" if used[action[1]] else "ask unused")
+            else:
+                kind = action[0]
+            row = by_turn.setdefault(turn, {"turns": 0, "optimal": 0})
+            row["turns"] += 1
+            row[kind] = row.get(kind, 0) + 1
+            row["optimal"] += q_value(s, state, m["content"]) >= v_value(s, state) - 1e-12
+            if turn == 0:
+                opening = ("ask cued" if state.cues[action[1]] else "ask uncued") if action[0] == "ask" else kind
+                count, wins = openings.get(opening, (0, 0))
+                openings[opening] = (count + 1, wins + ok)
+            if action[0] == "answer":
+                answers["episodes"] += 1
+                coefficients = action[1]
+                if coefficients is not None:
+                    answers["form"] += 1
+                    told = state.told_map
+                    answers["told_right"] += all(coefficients[j] == v for j, v in told.items())
+                    answers["guesses_optimal"] += all((coefficients[j] != 0) == best_guess(s, state, j)
+                                                      for j in range(s.details) if j not in told)
+            turn += 1
+    n = len(records)
+    turns = {t: {k: (v / row["turns"] if k != "turns" else v) for k, v in row.items()}
+             for t, row in sorted(by_turn.items())}
+    a = answers["episodes"]
+    return {"episodes": n, "by_turn": turns,
+            "answers": {"answered": a / n if n else None, **{k: answers[k] / a if a else None
+                                                              for k in ("form", "told_right", "guesses_optimal")}},
+            "success_by_opening": {k: {"share": c / n, "success": w / c} for k, (c, w) in sorted(openings.items())},
+            "regret": regret / n if n else None}
