@@ -165,7 +165,8 @@ def _kernel_case(dtype=np.float32):
     rng = np.random.default_rng(0)
     b, n_heads, k, h, page, n, pool = 4, 8, 2, 128, 16, 4, 20
     bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
-    q, k_pages, v_pages = (bf16(rng.normal(size=s)) for s in ((b, 1, n_heads, h), (k, pool, page, h), (k, pool, page, h)))
+    shapes = ((b, 1, n_heads, h), (k, pool, page, h), (k, pool, page, h))
+    q, k_pages, v_pages = (bf16(rng.normal(size=shape)) for shape in shapes)
     pages = rng.permutation(np.arange(1, pool))[: b * n].reshape(b, n).astype(np.int32)
     lengths = np.array([1, 5, 16, 64], np.int32)
     pages[0, 1:] = 0  # table entries past a row's length name the scratch page

@@ -77,16 +77,22 @@ def test_report_of_an_empty_directory_is_a_clear_error(tmp_path):
 def test_ask_domain_runs_report_how_often_each_method_opens_with_the_good_question(tmp_path):
     from sweet_jax.colbench.synthetic import GOOD_QUESTION
 
-    def traj(first, **extra):
-        return json.dumps({"dialogue_history": [{"role": "user", "content": "task"},
-                                                {"role": "assistant", "content": first}], **extra}) + "\n"
+    task = {"ground_truth": "def solve(x):\n    return x + 37", "constants": [11, 37]}
+
+    def traj(first, reply="It should use 37.", answer="", reward=0.0, **extra):
+        history = [{"role": "user", "content": "task"}, {"role": "assistant", "content": first},
+                   {"role": "user", "content": reply}, {"role": "assistant", "content": "I WANT TO ANSWER:" + answer}]
+        return json.dumps({"task": task, "dialogue_history": history, "answer": answer, "reward": reward,
+                           **extra}) + "\n"
 
     run = tmp_path / "run"
     _marker(run, "data", {"source": "SYNTHETIC ask domain (not ColBench)", "trajectories": 60})
     _marker(run, "test", {"trajectories": 4, "tests_passed": 0.5, "success": 0.5})
     (run / "eval").mkdir()
     (run / "eval" / "test_trajectories.jsonl").write_text(
-        traj(GOOD_QUESTION) + traj(" " + GOOD_QUESTION + "\n") + traj("Can you tell me more about it?") + traj("x"))
+        traj(GOOD_QUESTION, answer="def solve(x):\n    return x + 37", reward=1.0)
+        + traj(" " + GOOD_QUESTION + "\n", reply="It should use 11.", answer="def solve(x):\n    return x + 11")
+        + traj("Can you tell me more about it?", reply="I do not know.") + traj("x"))
     (run / "eval" / "best_of_n.json").write_text(json.dumps({
         "success": {"random": {"1": 0.5, "4": 0.5}, "SWEET critic": {"1": 0.5, "4": 1.0}},
         "episodes": {"random": {"1": 2, "4": 2}, "SWEET critic": {"1": 2, "4": 2}}}))
@@ -99,6 +105,9 @@ def test_ask_domain_runs_report_how_often_each_method_opens_with_the_good_questi
     md = (run / "report" / "report.md").read_text()
     assert "| SWEET-RL | 50.0 | 50.0 | 15.0-85.0 | 4 | 50% |" in md
     assert "Episodes that open with the good question at N=4: random 50%, SWEET critic 100%." in md
+    # after the good question: the human stated the right constant once in two, the answer copied it both times
+    assert "| SWEET-RL | 4 | 50 | 50 | 100 | 50 | 0 | - |" in md
+    assert "| best-of-4, SWEET critic | 2 | 100 | 100 | 0 | 0 | - | - |" in md  # no answer in the domain's form
 
 
 def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):

@@ -383,7 +383,45 @@ def write_report(run_dir: str, out: str | None = None) -> str:
             good = by_selector.get((sel, n_max))
             cells.append(f"{sel} {'-' if good is None else f'{100 * good:.0f}%'}")
         lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
+    if ask:
+        lines += ask_turns_section(run_dir, evaluated)
     return _finish_report(out, markers, lines, plots)
+
+
+def ask_turns_section(run_dir: str, evaluated: list[tuple[str, str]]) -> list[str]:
+    """The ask domain turn by turn, per evaluated method and per best-of-N selector at the largest N: how episodes
+    open, what follows the good question (does the simulated human state the right constant, does the answer copy
+    the constant it was told), and success after each opening (`colbench.synthetic.ask_breakdown`)."""
+    from sweet_jax.colbench.synthetic import ask_breakdown
+
+    rows = []
+    for stage, name in evaluated:
+        path = os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl")
+        if os.path.exists(path):
+            rows.append((name, read_jsonl(path)))
+    bon = os.path.join(run_dir, "eval", "best_of_n.json.trajectories.jsonl")
+    if os.path.exists(bon):
+        records = read_jsonl(bon)
+        n_max = max((int(r["n"]) for r in records), default=0)
+        for sel in sorted({r["selector"] for r in records}):
+            rows.append((f"best-of-{n_max}, {sel}", [r for r in records if r["selector"] == sel
+                                                     and int(r["n"]) == n_max]))
+    if not rows:
+        return []
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}"  # noqa: E731
+    lines = ["", "## The ask domain turn by turn", "",
+             "Per method, on the test tasks: the share of episodes opening with the good question; after it, how "
+             "often the simulated human's reply states the task's constant (told right), how often the answer uses "
+             "the constant the reply stated (copied), and the success; then the success after the other openings.",
+             "", "| method | episodes | opens good % | told right % | copied % | success after good % | "
+             "success after vague % | success after answer % |", "|---|---|---|---|---|---|---|---|"]
+    for name, records in rows:
+        b = ask_breakdown(records)
+        after = b["success_by_opening"]
+        lines.append(f"| {name} | {b['episodes']} | {pct(b['openings'].get('good question', 0.0))} | "
+                     f"{pct(b['told_right'])} | {pct(b['copied'])} | {pct(b['success_after_good'])} | "
+                     f"{pct(after.get('vague question'))} | {pct(after.get('answer'))} |")
+    return lines
 
 
 def _training_table(markers: dict) -> list[str]:
