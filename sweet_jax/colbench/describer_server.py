@@ -6,6 +6,8 @@ It takes what the frontend episode sends the simulator (`colbench.env.FrontendEp
 user message whose image parts are the agent's screenshot then the target's, as base64 data URLs, or only the
 target's after the "no page yet" note. It reads the looks off the two images (`look_of`) and answers with
 `describe`, whatever the temperature, seed or token limit. Malformed requests get a 400 naming the message and part.
+With `--domain testbed` it serves the credit-assignment testbed's scripted human instead, on the backend episode's
+simulator prompt (`colbench.testbed_domain.reply_to`).
 
     POST /v1/chat/completions   GET /v1/models   GET /health
 """
@@ -28,6 +30,9 @@ class DescriberSettings:
     host: str = flag("127.0.0.1", help="the address to listen on")
     port: int = flag(8000, help="the port to listen on")
     served_model_name: str = flag("design-describer", help="the id /v1/models reports")
+    domain: str = flag("design", choices=("design", "testbed"),
+                       help="whose simulated human: the design domain's describer, or the credit-assignment "
+                            "testbed's scripted human (`colbench.testbed_domain.reply_to`), a text reply")
 
 
 class RequestError(ValueError):
@@ -73,7 +78,7 @@ def reply_to(messages: list) -> str:
     return design.describe(None if no_page else design.look_of(images[0]), target)
 
 
-def create_app(model_name: str):
+def create_app(model_name: str, reply=reply_to):
     # (no `from __future__ import annotations` in this module: FastAPI reads the handler's `Request` annotation)
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -95,7 +100,7 @@ def create_app(model_name: str):
             body = await request.json()
             if not isinstance(body, dict):
                 raise RequestError("the request body: expected a JSON object")
-            text = reply_to(body.get("messages"))
+            text = reply(body.get("messages"))
         except (RequestError, ValueError) as e:
             return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "code": 400}},
                                 status_code=400)
@@ -113,4 +118,7 @@ def create_app(model_name: str):
 def serve(s: DescriberSettings) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(s.served_model_name), host=s.host, port=s.port, log_level="warning")
+    reply = reply_to
+    if s.domain == "testbed":
+        from sweet_jax.colbench.testbed_domain import reply_to as reply
+    uvicorn.run(create_app(s.served_model_name, reply), host=s.host, port=s.port, log_level="warning")

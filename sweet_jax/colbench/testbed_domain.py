@@ -173,16 +173,47 @@ def parse_action(message: str, details: int):
     return ("ask", named.pop()) if len(named) == 1 else ("vague",)
 
 
-def simulator_reply(task: dict, message: str) -> str:
-    """The scripted human: reads the coefficients from the hidden code, and answers a question about one term."""
-    details = len(task["testbed"]["coefficients"])
-    coefficients = parse_polynomial(task["hidden_information"], details)
-    action = parse_action(message, details)
+def human_reply(hidden_code: str, message: str) -> str:
+    """The scripted human: reads the coefficients from the hidden code, and answers a question about one term
+    (any of TERMS: a term of higher degree than the task's is one it does not have)."""
+    coefficients = parse_polynomial(hidden_code, len(TERMS))
+    if coefficients is None:
+        raise ValueError(f"the hidden code is not a testbed polynomial: {hidden_code!r}")
+    action = parse_action(message, len(TERMS))
     if action[0] != "ask":
         return VAGUE_REPLY
     j = action[1]
     return (f"The coefficient of the {TERMS[j]} is {coefficients[j]}." if coefficients[j]
             else f"There is no {TERMS[j]}.")
+
+
+def simulator_reply(task: dict, message: str) -> str:
+    """The scripted human's reply on a task (what `python -m sweet_jax.describer --domain testbed` serves)."""
+    return human_reply(task["hidden_information"], message)
+
+
+def reply_to(messages: list) -> str:
+    """The scripted human's reply to the simulator's chat request (`colbench.env.BackendEpisode.simulator_messages`):
+    the hidden code and the agent's last message are read from the prompt. ValueError names what is missing."""
+    from sweet_jax.colbench import prompts
+
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        raise ValueError("messages: expected a non-empty list of chat messages")
+    text = messages[-1].get("content")
+    if not isinstance(text, str):
+        raise ValueError(f"messages.{len(messages) - 1}.content: expected the backend simulator's prompt text")
+    hidden_head = prompts.BACKEND_SIMULATOR.split("{hidden_information}")[0].rstrip("\n").rsplit("\n", 1)[-1]
+    dialogue_head = prompts.BACKEND_SIMULATOR.split("{dialogue_history}")[0].rstrip("\n").rsplit("\n", 1)[-1]
+    tail = prompts.BACKEND_SIMULATOR.split("{dialogue_history}")[1]
+    if hidden_head not in text or dialogue_head not in text:
+        raise ValueError(f"messages.{len(messages) - 1}.content: not the backend simulator's prompt")
+    hidden = text.split(hidden_head, 1)[1].split("\n\nRules:", 1)[0].strip()
+    dialogue = text.split(dialogue_head, 1)[1]
+    dialogue = dialogue[:len(dialogue) - len(tail)] if dialogue.endswith(tail) else dialogue
+    last = dialogue.strip().split("\n\n\n\n")[-1]
+    if not last.startswith("assistant:"):
+        raise ValueError(f"messages.{len(messages) - 1}.content: the conversation does not end with the agent")
+    return human_reply(hidden, last[len("assistant:"):])
 
 
 # ------------------------------------------------------------------------------------------------ dialogue state
@@ -223,7 +254,7 @@ def dialogue_state(s: TestbedSettings, history: list[dict]) -> State:
         t = _TOLD_RE.fullmatch(m["content"].strip())
         if t:
             name = t.group(1) or t.group(3)
-            if name in TERMS:
+            if name in TERMS[:s.details]:  # a term beyond the task's degree tells nothing
                 told[TERMS.index(name)] = int(t.group(2)) if t.group(1) else 0
     return State(cues, tuple(sorted(told.items())), s.max_steps - turns)
 
