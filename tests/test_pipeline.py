@@ -145,6 +145,7 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
 
     import ml_collections
 
+    from sweet_jax.sweet import stage_runner
     from sweet_jax.sweet import stages as pipeline
 
     spans, lock = {}, threading.Lock()
@@ -171,7 +172,7 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
         spans.clear()
         cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / f"jobs{jobs}"), jobs=jobs, serve=dict(keep=False)))
         records = {}
-        pipeline._run_stages(pipeline.Run(cfg), stages(), records, force=False)
+        stage_runner._run_stages(pipeline.Run(cfg), stages(), records, force=False)
         assert set(records) == {"a", "b", "c", "d", "e"}
         assert all((tmp_path / f"jobs{jobs}" / "stages" / f"{n}.json").exists() for n in records)
         for later, earlier in (("b", "a"), ("c", "a"), ("e", "a"), ("d", "b"), ("d", "c")):
@@ -186,7 +187,7 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
     cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / "fail"), jobs=2, serve=dict(keep=False)))
     records = {}
     with pytest.raises(pipeline.StageError, match="stage 'b' failed"):
-        pipeline._run_stages(pipeline.Run(cfg), stages(fail_b=True), records, force=False)
+        stage_runner._run_stages(pipeline.Run(cfg), stages(fail_b=True), records, force=False)
     assert set(records) == {"a", "c"} and "d" not in spans  # c, already running, finished; d never started
     assert (tmp_path / "fail" / "stages" / "c.json").exists() and not (tmp_path / "fail" / "stages" / "b.json").exists()
 
@@ -198,8 +199,8 @@ def test_stage_takes_a_comma_separated_list_and_runs_those_in_pipeline_order(tmp
 
     ran = []
     fake = tuple(pipeline.Stage(s.name, (), (), lambda run, name=s.name: ran.append(name) or {}, after=s.after)
-                 for s in pipeline.STAGES)
-    monkeypatch.setattr(pipeline, "STAGES", fake)
+                 for s in pipeline.TRACKS["backend"])
+    monkeypatch.setitem(pipeline.TRACKS, "backend", fake)
     cfg = ml_collections.ConfigDict(dict(run_dir=str(tmp_path / "run"), jobs=1, serve=dict(keep=False)))
     records = pipeline.run_pipeline(cfg, only="test_zero_shot, sample,rank")
     assert ran == ["sample", "rank", "test_zero_shot"] and set(records) == set(ran)
@@ -216,6 +217,7 @@ def test_kept_servers_outlive_the_stages_pool_and_stop_without_a_restart(tmp_pat
 
     import ml_collections
 
+    from sweet_jax.sweet import stage_runner
     from sweet_jax.sweet import stages as pipeline
 
     cfg = ml_collections.ConfigDict(dict(
@@ -233,7 +235,7 @@ def test_kept_servers_outlive_the_stages_pool_and_stop_without_a_restart(tmp_pat
     stages = [pipeline.Stage("a", (), (), serve("a", "describer-a")),
               pipeline.Stage("b", (), (), serve("b", "describer-b"))]
     try:
-        pipeline._run_stages(run, stages, {}, force=False)  # returns once the stages' pool has shut down
+        stage_runner._run_stages(run, stages, {}, force=False)  # returns once the stages' pool has shut down
         servers = list(run._servers.values())
         pids = [s.proc.pid for s in servers]
         assert len(servers) == 2 and len(set(urls.values())) == 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 
 from sweet_jax.cli.app import flag
 from sweet_jax.colbench.env import BackendEpisode, Episode, FrontendEpisode
@@ -111,33 +112,24 @@ def judge_spec(name: str, model: str, kind: str = "critic", *options: str) -> st
     return f"{name}={model}" + "".join(f":{o}" for o in opts)
 
 
-def evaluate(s: SelectionSettings) -> dict:
-    from tqdm.auto import tqdm
+@dataclasses.dataclass
+class _Models:
+    """The evaluation's models, each loaded once: the policy, the simulator (backend: a model in process), their
+    tokenizer and chat format, and the sampling settings of each."""
 
-    from sweet_jax.files.atomic import write_json
-    from sweet_jax.files.jsonl import read_jsonl, write_jsonl
-    from sweet_jax.files.partial import PartialFile
-    from sweet_jax.inference.sampling import SamplingParams
-    from sweet_jax.inference.scheduler import generate
-    from sweet_jax.parallel.distributed import ProcessShare
-    from sweet_jax.sweet.endpoints import Server, chat_replies
-    from sweet_jax.sweet.judges import Judge, shared_model
+    placement: object
+    policy: object
+    sim: object | None
+    tok: object
+    fmt: object
+    agent: object  # SamplingParams of the policy's turns
+    simulator: object  # SamplingParams of the simulator's replies (greedy)
 
-    frontend = s.task_type == "frontend"
-    if frontend and not s.simulator_url:
-        raise DataError("--task_type frontend needs --simulator_url: the simulated human behind a server")
-    tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth") + (() if frontend else ("test_cases",)))
-    tasks = tasks[:s.limit] if s.limit else tasks
-    try:
-        ns = sorted({int(n) for n in s.ns.split(",")})
-    except ValueError:
-        ns = []
-    if not ns or ns[0] < 1:
-        raise DataError(f"--ns {s.ns!r}: expected positive integers, e.g. 1,2,4,8,16")
-    judge_kw = parse_judges(s.judge)
-    share = ProcessShare()  # (joins a multi-process job before jax touches a device)
-    # one copy of each model, whether it is the policy, the simulator or a judge
+
+def _load_models(s: SelectionSettings, frontend: bool) -> _Models:
     from sweet_jax.inference.placement import Placement
+    from sweet_jax.inference.sampling import SamplingParams
+    from sweet_jax.sweet.judges import shared_model
 
     placement = Placement.build(s.mesh)
     policy = shared_model(s.policy, s.dtype, placement)
@@ -145,34 +137,129 @@ def evaluate(s: SelectionSettings) -> dict:
     tok = policy.tokenizer(s.tokenizer)
     fmt = policy.chat_format_for(tok)
     eot = fmt.tokenized(tok).eot_id
-    agent_sp = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,))
-    sim_sp = SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,))
-    simulator = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4) \
-        if frontend else None
-    cache = None
-    if frontend:
-        from sweet_jax.colbench.render_cache import RenderCache
+    return _Models(placement, policy, sim, tok, fmt,
+                   SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, stop_tokens=(eot,)),
+                   SamplingParams(temperature=0.0, max_tokens=s.simulator_max_tokens, stop_tokens=(eot,)))
 
-        cache = RenderCache(s.renders or s.output + ".images")
+
+@dataclasses.dataclass
+class _Track:
+    """What the backend and frontend evaluations differ in: their episodes, how the simulated human replies (to a
+    chunk of distinct requests), how many requests go at once, the scorer of the final answers (made when the
+    episodes are done), and the render cache (frontend)."""
+
+    new_episode: Callable[[dict], Episode]
+    replies: Callable[[list[str], dict[str, Episode]], list[str]]
+    chunk: int
+    scorer: Callable[[], Callable[[Episode], float]]
+    frontend: bool
+    cache: object | None = None
+
+
+def _backend_track(s: SelectionSettings, m: _Models) -> _Track:
+    from sweet_jax.inference.scheduler import generate
+
+    def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
+        out = generate(m.sim.params, m.sim.cfg, [m.tok.encode(p, add_special_tokens=False) for p in prompts],
+                       m.simulator, placement=m.placement)
+        return [m.tok.decode(o[0].tokens, skip_special_tokens=True) for o in out]
+
+    return _Track(lambda task: BackendEpisode(task, max_steps=s.max_steps, chat_format=m.fmt), replies, s.batch * 4,
+                  lambda: _backend_scorer(s), frontend=False)
+
+
+def _frontend_track(s: SelectionSettings, m: _Models) -> _Track:
+    from sweet_jax.colbench.client import png_data_url
+    from sweet_jax.colbench.render_cache import RenderCache
+    from sweet_jax.sweet.endpoints import Server, chat_replies
+
+    simulator = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4)
+    cache = RenderCache(s.renders or s.output + ".images")
+
+    def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
+        return chat_replies(simulator, [asked[p].simulator_messages() for p in prompts], temperature=0.0,
+                            max_tokens=s.simulator_max_tokens)
+
+    return _Track(lambda task: FrontendEpisode(task, cache.render, png_data_url, max_steps=s.max_steps,
+                                               chat_format=m.fmt),
+                  replies, s.batch * 4, lambda: _frontend_scorer(s), frontend=True, cache=cache)
+
+
+def _parse_ns(text: str) -> list[int]:
+    try:
+        ns = sorted({int(n) for n in text.split(",")})
+    except ValueError:
+        ns = []
+    if not ns or ns[0] < 1:
+        raise DataError(f"--ns {text!r}: expected positive integers, e.g. 1,2,4,8,16")
+    return ns
+
+
+def _make_judges(s: SelectionSettings, judge_kw: dict, placement, cache) -> dict:
+    from sweet_jax.sweet.judges import Judge
+
     judges = {}
     for name, kw in judge_kw.items():
         if kw["kind"] == "vision":
-            if not frontend:
+            if cache is None:
                 raise DataError(f"--judge {name}: a vision judge needs --task_type frontend")
             from sweet_jax.sweet.vision_critic import VisionJudge
 
             judges[name] = VisionJudge(kw["model"], cache, with_target=kw["with_target"], dtype=s.dtype)
         else:
             judges[name] = Judge(tokenizer=s.tokenizer, dtype=s.dtype, placement=placement, **kw)
+    return judges
 
-    # (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name: scores}}: tasks may share a prompt (the
-    # agent does not see the hidden information) but not their candidates or their judge scores; prompt -> reply
-    def open_cache(suffix: str) -> PartialFile:
-        return PartialFile(s.output, suffix=suffix, what="a best-of-N state or reply",
-                           key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"])
-                           if rec["kind"] == "state" else ("reply", rec["prompt"]))
 
-    part = open_cache(share.suffix(".cache.partial"))
+def _open_cache(s: SelectionSettings, suffix: str):
+    """The cache of states and replies, keyed (repeat, task index, prompt) -> {candidates, mean, sum, judge: {name:
+    scores}}: tasks may share a prompt (the agent does not see the hidden information) but not their candidates or
+    their judge scores; and prompt -> reply."""
+    from sweet_jax.files.partial import PartialFile
+
+    return PartialFile(s.output, suffix=suffix, what="a best-of-N state or reply",
+                       key=lambda rec: ("state", rec["repeat"], rec["task"], rec["prompt"])
+                       if rec["kind"] == "state" else ("reply", rec["prompt"]))
+
+
+def evaluate(s: SelectionSettings) -> dict:
+    from sweet_jax.files.jsonl import read_jsonl
+    from sweet_jax.parallel.distributed import ProcessShare
+
+    frontend = s.task_type == "frontend"
+    if frontend and not s.simulator_url:
+        raise DataError("--task_type frontend needs --simulator_url: the simulated human behind a server")
+    tasks = read_jsonl(s.tasks, ("problem_description", "ground_truth") + (() if frontend else ("test_cases",)))
+    tasks = tasks[:s.limit] if s.limit else tasks
+    ns = _parse_ns(s.ns)
+    judge_kw = parse_judges(s.judge)
+    share = ProcessShare()  # (joins a multi-process job before jax touches a device)
+    m = _load_models(s, frontend)  # one copy of each model, whether it is the policy, the simulator or a judge
+    track = (_frontend_track if frontend else _backend_track)(s, m)
+    judges = _make_judges(s, judge_kw, m.placement, track.cache)
+
+    part = _open_cache(s, share.suffix(".cache.partial"))
+    selectors = ["random", *judges]
+    episodes = [SelectionEpisode(sel, n, r, t, track.new_episode(tasks[t]))
+                for sel in selectors for n in ns for r in range(s.repeats) for t in share.mine(len(tasks))]
+    with part:
+        _play(s, episodes, part, m, track, judges, judge_kw, ns)
+    records = _scored_records(episodes, track.scorer())
+    part.close()
+    if track.cache is not None:
+        track.cache.close()
+    return _write_results(s, share, records, selectors, ns, len(tasks), judge_kw, frontend)
+
+
+def _play(s: SelectionSettings, episodes: list[SelectionEpisode], part, m: _Models, track: _Track, judges: dict,
+          judge_kw: dict, ns: list[int]) -> None:
+    """Every episode to its end, resuming from the cache `part`: the states not seen before sampled and judged, each
+    episode taking its selector's pick among the first N candidates, and the simulated human replying (greedy, so
+    once per distinct request)."""
+    from tqdm.auto import tqdm
+
+    from sweet_jax.inference.scheduler import generate
+
     states = {k[1:]: rec for k, rec in part.done.items() if k[0] == "state"}
     replies = {k[1]: rec["reply"] for k, rec in part.done.items() if k[0] == "reply"}
 
@@ -180,90 +267,83 @@ def evaluate(s: SelectionSettings) -> dict:
         key = f"{s.seed}/{repeat}/{task}/{prompt}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
-    def new_episode(task: dict) -> Episode:
-        if frontend:
-            from sweet_jax.colbench.client import png_data_url
-
-            return FrontendEpisode(task, cache.render, png_data_url, max_steps=s.max_steps, chat_format=fmt)
-        return BackendEpisode(task, max_steps=s.max_steps, chat_format=fmt)
-
     def judge_state(name: str, rec: dict, episode: Episode, where: str) -> list[float]:
         if judge_kw[name]["kind"] == "vision":
             return judges[name](episode.task["ground_truth"], episode.history, rec["candidates"], where=where)
         return judges[name](rec["prompt"], episode.task["ground_truth"], rec["candidates"], rec["mean"], rec["sum"],
                             where=where)
 
-    selectors = ["random", *judges]
-    episodes = [SelectionEpisode(sel, n, r, t, new_episode(tasks[t]))
-                for sel in selectors for n in ns for r in range(s.repeats) for t in share.mine(len(tasks))]
+    tok = m.tok
     bar = tqdm(total=len(episodes), desc="best-of-N episodes", disable=None)
-    with part:
-        while True:
-            active = [e for e in episodes if not e.episode.done]
-            if not active:
-                break
-            # 1. sample and judge the states not seen before
-            at = {(e.repeat, e.task_index, e.episode.agent_prompt()): e.episode for e in active}
-            todo = sorted(at.keys() - states.keys())
-            for start in range(0, len(todo), s.batch):
-                keys = todo[start:start + s.batch]
-                results = generate(policy.params, policy.cfg, [tok.encode(p, add_special_tokens=False)
+    while True:
+        active = [e for e in episodes if not e.episode.done]
+        if not active:
+            break
+        # 1. sample and judge the states not seen before
+        at = {(e.repeat, e.task_index, e.episode.agent_prompt()): e.episode for e in active}
+        todo = sorted(at.keys() - states.keys())
+        for start in range(0, len(todo), s.batch):
+            keys = todo[start:start + s.batch]
+            results = generate(m.policy.params, m.policy.cfg, [tok.encode(p, add_special_tokens=False)
                                                                 for *_, p in keys],
-                                   agent_sp, n=ns[-1], seed=[seed_of(*k) for k in keys], placement=placement)
-                for (r, t, p), samples in zip(keys, results):
-                    rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
-                           "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
-                           "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
-                           "sum": [sum(x.logprobs) for x in samples]}
-                    rec["judge"] = {name: judge_state(name, rec, at[(r, t, p)], f"{s.tasks}: task {t + 1}")
-                                    for name in judges}
-                    states[(r, t, p)] = rec
-                    part.append(rec)
-            # 2. every active episode takes its selector's pick among the first N candidates
-            for e in active:
-                rec = states[(e.repeat, e.task_index, e.episode.agent_prompt())]
-                pick = 0 if e.selector == "random" else max(range(e.n), key=lambda i: (rec["judge"][e.selector][i],
-                                                                                        -i))
-                if e.episode.step(rec["candidates"][pick]):
-                    bar.update(1)
-            # 3. the simulator replies (greedy, so one reply per distinct request)
-            waiting = [(e.episode, simulator_key(e.episode)) for e in episodes
-                       if not e.episode.done and e.episode.history[-1]["role"] == "assistant"]
-            asked = {p: ep for ep, p in waiting}
-            todo = sorted(asked.keys() - replies.keys())
-            for start in range(0, len(todo), s.batch * 4):
-                chunk = todo[start:start + s.batch * 4]
-                if frontend:
-                    texts = chat_replies(simulator, [asked[p].simulator_messages() for p in chunk], temperature=0.0,
-                                         max_tokens=s.simulator_max_tokens)
-                else:
-                    out = generate(sim.params, sim.cfg, [tok.encode(p, add_special_tokens=False) for p in chunk],
-                                   sim_sp, placement=placement)
-                    texts = [tok.decode(o[0].tokens, skip_special_tokens=True) for o in out]
-                for p, text in zip(chunk, texts):
-                    replies[p] = text
-                    part.append({"kind": "reply", "prompt": p, "reply": replies[p]})
-            for ep, p in waiting:
-                ep.add_reply(replies[p])
+                               m.agent, n=ns[-1], seed=[seed_of(*k) for k in keys], placement=m.placement)
+            for (r, t, p), samples in zip(keys, results):
+                rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
+                       "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
+                       "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
+                       "sum": [sum(x.logprobs) for x in samples]}
+                rec["judge"] = {name: judge_state(name, rec, at[(r, t, p)], f"{s.tasks}: task {t + 1}")
+                                for name in judges}
+                states[(r, t, p)] = rec
+                part.append(rec)
+        # 2. every active episode takes its selector's pick among the first N candidates
+        for e in active:
+            rec = states[(e.repeat, e.task_index, e.episode.agent_prompt())]
+            pick = 0 if e.selector == "random" else max(range(e.n), key=lambda i: (rec["judge"][e.selector][i], -i))
+            if e.episode.step(rec["candidates"][pick]):
+                bar.update(1)
+        # 3. the simulator replies (greedy, so one reply per distinct request)
+        waiting = [(e.episode, simulator_key(e.episode)) for e in episodes
+                   if not e.episode.done and e.episode.history[-1]["role"] == "assistant"]
+        asked = {p: ep for ep, p in waiting}
+        todo = sorted(asked.keys() - replies.keys())
+        for start in range(0, len(todo), track.chunk):
+            chunk = todo[start:start + track.chunk]
+            for p, text in zip(chunk, track.replies(chunk, asked)):
+                replies[p] = text
+                part.append({"kind": "reply", "prompt": p, "reply": replies[p]})
+        for ep, p in waiting:
+            ep.add_reply(replies[p])
     bar.close()
 
-    score = _frontend_scorer(s) if frontend else _backend_scorer(s)
-    scores = {}  # (task index, answer) -> reward: the selectors often reach the same answer
+
+def _scored_records(episodes: list[SelectionEpisode], score: Callable[[Episode], float]) -> list[dict]:
+    """Every episode's trajectory record with its reward, each distinct (task, answer) scored once: the selectors
+    often reach the same answer."""
+    from tqdm.auto import tqdm
+
+    scores = {}
     for e in tqdm(episodes, desc="score answers", disable=None):
         key = (e.task_index, e.episode.answer)
         if key not in scores:
             scores[key] = score(e.episode)
-    records = [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
-                "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes]
-    part.close()
-    if cache is not None:
-        cache.close()
+    return [{**e.episode.record(), "reward": scores[(e.task_index, e.episode.answer)], "selector": e.selector,
+             "n": e.n, "repeat": e.repeat, "task_index": e.task_index} for e in episodes]
+
+
+def _write_results(s: SelectionSettings, share, records: list[dict], selectors: list[str], ns: list[int], tasks: int,
+                   judge_kw: dict, frontend: bool) -> dict:
+    """OUT, OUT.trajectories.jsonl and OUT.states.jsonl, by process 0 once every process has scored its episodes
+    (their files merged in order); returns the results table's headline, or this process's count elsewhere."""
+    from sweet_jax.files.atomic import write_json
+    from sweet_jax.files.jsonl import read_jsonl, write_jsonl
+
     if share.count > 1:
         write_jsonl(s.output + share.suffix(".episodes"), records)
     result = {}
 
     def merge():
-        caches = [open_cache(suffix) for suffix in share.suffixes(".cache.partial")]
+        caches = [_open_cache(s, suffix) for suffix in share.suffixes(".cache.partial")]
         merged = records
         if share.count > 1:
             order = {sel: i for i, sel in enumerate(selectors)}
@@ -272,7 +352,7 @@ def evaluate(s: SelectionSettings) -> dict:
                             key=lambda r: (order[r["selector"]], r["n"], r["repeat"], r["task_index"]))
         table = _table(merged, selectors, ns, frontend)
         write_jsonl(s.output + ".trajectories.jsonl", merged)
-        write_json(s.output, {**table, "tasks": len(tasks), "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
+        write_json(s.output, {**table, "tasks": tasks, "repeats": s.repeats, "seed": s.seed, "policy": s.policy,
                               "judges": judge_kw})
         # kept for inspection: every state's candidates and scores
         write_jsonl(s.output + ".states.jsonl", [rec for c in caches for rec in c.done.values()])

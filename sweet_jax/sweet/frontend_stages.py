@@ -1,0 +1,170 @@
+"""The frontend track's stages (`task_type = "frontend"`, configs/sweet_frontend_tiny.py and _8b.py): the backend's
+plan (`backend_stages`) on design tasks, collected through the frontend episode (pages rendered offline, rewards the
+similarity to the target's screenshot; tasks.kind = "design": the SYNTHETIC design domain), with these of its own:
+
+    gt_pairs       the official frontend pairs (|delta similarity| >= gt_pairs.min_gap) in the official pair-file
+                   layout: data/critic_pairs.jsonl with the reference HTML as the information (the text critic's
+                   data) and data/mtdpo_pairs.jsonl without it (multi-turn DPO's, and the critic without the
+                   information's)
+    vision_init    the vision-language critic's starting point (a random-init tiny Qwen2-VL, or vision.critic_init)
+    vision_pairs   its image pairs (`sweet.vision_critic`): with the target screenshot, and without it
+    critic_vision  the regression-head vision critic on the image pairs
+    rank_vision    every candidate of `sample` rendered (each distinct page once) and scored by the vision critic
+    policy_vision, test_vision
+                   the SWEET actor trained on that ranking, and its evaluation
+
+Its critic ablation is the text critic without the information, and its best-of-N evaluation compares the text and
+vision critics.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sweet_jax.sweet import selection
+from sweet_jax.sweet.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
+                                           best_of_n_eval, evaluate_policy, random_init, stage_collected_data, train,
+                                           with_report)
+from sweet_jax.sweet.stage_runner import IN_DRIVER, Run, Stage, StageError
+
+
+def stage_tasks(run: Run) -> dict:
+    from sweet_jax.colbench import synthetic_frontend
+
+    t = run.cfg.tasks
+    if t.kind != "design":
+        raise StageError(f"stage 'tasks': a frontend run generates the design domain (tasks.kind = 'design'), got "
+                         f"{t.kind!r}")
+    files = synthetic_frontend.write_design_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
+                                                 p_draft=t.p_good, p_question=t.p_vague, seed=t.seed)
+    return {"source": "SYNTHETIC design domain (not ColBench)", **files}
+
+
+def stage_gt_pairs(run: Run) -> dict:
+    """Frontend step 1, as the official `evaluate_html.py`: every two rollouts of a train task whose similarities
+    differ by at least `gt_pairs.min_gap`, written in the official pair-file layout: data/critic_pairs.jsonl with the
+    reference HTML as the information prefix (the text critic), data/mtdpo_pairs.jsonl without it (multi-turn DPO and
+    the critic without the information)."""
+    from sweet_jax.data.pairs import gap_pairs, pair_file_record
+    from sweet_jax.data.trajectories import read_trajectories
+    from sweet_jax.files.jsonl import write_jsonl
+
+    with IN_DRIVER:
+        pairs = gap_pairs(read_trajectories(run.trajectories, streaming=False), run.cfg.gt_pairs.min_gap)
+    if not pairs:
+        raise StageError(f"stage 'gt_pairs': no two rollouts of a task in {run.trajectories} differ by "
+                         f"{run.cfg.gt_pairs.min_gap} or more: nothing to train the critic on")
+    write_jsonl(run.critic_data(with_info=True), [pair_file_record(p) for p in pairs])
+    write_jsonl(run.critic_data(with_info=False), [pair_file_record(p, info_key=None) for p in pairs])
+    return {"pairs": len(pairs), "tasks": len({p.chosen.task_key for p in pairs})}
+
+
+def stage_vision_init(run: Run) -> dict:
+    """The vision critic's starting point: a random-init tiny vision-language model (`vision.init`), or
+    `vision.critic_init` (an HF directory, e.g. Qwen2-VL-7B-Instruct)."""
+    v = run.cfg.vision
+    if v.get("critic_init"):
+        return {"critic_init": v.critic_init}
+    return {"critic_init": random_init(run, "vision_init", v.init), "random_init": True}
+
+
+def stage_vision_pairs(run: Run) -> dict:
+    """The vision critic's image pairs (`sweet.vision_critic`): the official frontend pairs, each side the last turn
+    with the target's screenshot, the dialogue and the final page's screenshot; and the same without the target."""
+    from sweet_jax.data.trajectories import read_trajectories
+    from sweet_jax.files.jsonl import write_jsonl
+    from sweet_jax.sweet.vision_critic import image_pair_records
+
+    with IN_DRIVER:
+        trajectories = list(read_trajectories(run.trajectories, streaming=False))
+    out = {}
+    for name, with_target in (("vision_pairs", True), ("vision_pairs_no_target", False)):
+        records = image_pair_records(trajectories, run.trajectories + ".images", run.path("data"),
+                                     run.cfg.gt_pairs.min_gap, with_target=with_target)
+        if not records:
+            raise StageError(f"stage 'vision_pairs': no two rollouts of a task in {run.trajectories} differ by "
+                             f"{run.cfg.gt_pairs.min_gap} or more")
+        out[name] = len(records)
+        write_jsonl(run.path("data", f"{name}.jsonl"), records)
+    return out
+
+
+def _critic_vision(stage: str, pairs: str):
+    def run_stage(run: Run) -> dict:
+        init = run.cfg.vision.get("critic_init") or run.path("vision_init", "hf")
+        return train(run, stage, run.cfg.vision.critic.config, run.path("data", pairs),
+                      (*run.cfg.vision.critic.overrides, *run.cfg[stage].overrides), init=init)
+    return run_stage
+
+
+def stage_rank_vision(run: Run) -> dict:
+    from sweet_jax.sweet.vision_critic import RankVisionSettings
+
+    run.job("rank_vision", "best_of_n", RankVisionSettings(
+        critic=run.path("critic_vision", "hf"), input=run.path("bon", "sampled.jsonl"),
+        output=run.path("bon", "ranked_vision.jsonl"), render_workers=run.cfg.collect.get("render_workers", 2)),
+        subcommand="rank_vision")
+    return {"states": sum(1 for _ in open(run.path("bon", "ranked_vision.jsonl")))}
+
+
+def stage_policy_vision(run: Run) -> dict:
+    return train(run, "policy_vision", run.cfg.policy.config, run.path("bon", "ranked_vision.jsonl"),
+                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+
+
+def stage_best_of_n(run: Run) -> dict:
+    """Figure 3a on frontend tasks: the initial policy fixed, candidates chosen by the text critic, the text critic
+    without the information, the vision critic, the vision critic without the target screenshot, or at random; the
+    final pages scored by their similarity to the targets'."""
+    e, judge = run.cfg.best_of_n_eval, selection.judge_spec
+    head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
+    with run.served("best_of_n_simulator", run.simulator, "simulator") as sim:
+        run.job("best_of_n", "best_of_n", selection.SelectionSettings(
+            policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks, task_type="frontend",
+            simulator_url=sim, clip=run.cfg.collect.get("clip") or None,
+            output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+            max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
+            simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
+                judge("text critic", run.path("critic", "hf"), "critic", *head),
+                judge("text critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
+                judge("vision critic", run.path("critic_vision", "hf"), "vision"),
+                judge("vision critic w/o target", run.path("critic_vision_no_target", "hf"), "vision",
+                      "no-target")]), subcommand="evaluate")
+    with open(run.path("eval", "best_of_n.json")) as fh:
+        return {"similarity": json.load(fh)["similarity"]}
+
+
+STAGES = with_report((
+    INIT,
+    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
+          enabled=lambda run: run.generated_tasks),
+    PRETRAIN,
+    Stage("data", (), ("data/train_trajectories.jsonl",), stage_collected_data, after=("init", "tasks", "pretrain")),
+    # the official pair files (the backend's trainer forms its pairs from the trajectories itself)
+    Stage("gt_pairs", ("data/train_trajectories.jsonl",), ("data/critic_pairs.jsonl", "data/mtdpo_pairs.jsonl"),
+          stage_gt_pairs, after=("data",)),
+    CRITIC,
+    # the vision-language critic
+    Stage("vision_init", (), (), stage_vision_init),
+    Stage("vision_pairs", ("data/train_trajectories.jsonl",), ("data/vision_pairs.jsonl",
+                                                                "data/vision_pairs_no_target.jsonl"),
+          stage_vision_pairs, after=("data",)),
+    Stage("critic_vision", ("data/vision_pairs.jsonl",), ("critic_vision/hf",),
+          _critic_vision("critic_vision", "vision_pairs.jsonl"), after=("vision_init", "vision_pairs")),
+    # the critic ablations and the best-of-N evaluation (Figure 3a)
+    ablation_stage("critic_no_info"),
+    Stage("critic_vision_no_target", ("data/vision_pairs_no_target.jsonl",), ("critic_vision_no_target/hf",),
+          _critic_vision("critic_vision_no_target", "vision_pairs_no_target.jsonl"),
+          after=("vision_init", "vision_pairs"), enabled=best_of_n_eval),
+    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n,
+          after=("critic", "critic_no_info", "critic_vision", "critic_vision_no_target"), enabled=best_of_n_eval),
+    *SWEET_ACTOR,
+    # the vision-language critic's ranking of the rendered candidates, and the actor it trains
+    Stage("rank_vision", ("bon/sampled.jsonl", "critic_vision/hf"), ("bon/ranked_vision.jsonl",), stage_rank_vision,
+          after=("sample", "critic_vision")),
+    Stage("policy_vision", ("bon/ranked_vision.jsonl",), ("policy_vision/hf",), stage_policy_vision,
+          after=("rank_vision",)),
+    Stage("test_vision", ("policy_vision/hf",), ("eval/test_vision_trajectories.jsonl",),
+          lambda run: evaluate_policy(run, "test_vision", run.path("policy_vision", "hf")), after=("policy_vision",)),
+    *BASELINES,
+))

@@ -1,0 +1,225 @@
+"""The stages every track of the pipeline shares, over `stage_runner.Run`: the initial model, its pre-training,
+collection and evaluation through the simulated human, the SWEET critic and its ablations, best-of-N sampling,
+ranking and pairs, the SWEET actor, the baselines (rejection fine-tuning, multi-turn DPO) and the report. A track's
+module (`backend_stages`, `frontend_stages`) lists its stages, these among them, with its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from sweet_jax.sweet import candidates
+from sweet_jax.sweet.stage_runner import ROOT, Run, Stage, StageError
+
+ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
+
+
+def collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rollouts: int,
+             limit: int | None = None) -> dict:
+    c = run.cfg.collect
+    if not tasks:
+        raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
+    frontend = {"render_workers": c.get("render_workers", 2), "clip": c.get("clip", "")} if run.frontend else {}
+    with (run.served(stage, agent_model, "agent") as agent,
+          run.served(stage + "_simulator", run.simulator, "simulator") as sim):
+        config = "collect_frontend.py" if run.frontend else "collect_backend.py"
+        run.job(stage, "collect", config=os.path.join(ROOT, "configs", config), overrides={
+            "tasks": tasks, "output": output, "limit": c.limit if limit is None else limit, "rollouts": rollouts,
+            "max_steps": c.max_steps, "concurrency": c.concurrency, "agent.base_url": agent,
+            "agent.model": os.path.basename(agent_model.rstrip("/")), "agent.max_tokens": c.agent_max_tokens,
+            "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
+            "simulator.max_tokens": c.simulator_max_tokens, **frontend})
+    return rewards(output, run.frontend)
+
+
+def rewards(path: str, frontend: bool = False) -> dict:
+    """The metrics of a trajectory file: backend, the mean reward (% tests passed) and the success rate (reward 1);
+    frontend, the mean similarity to the target pages."""
+    rewards = [json.loads(line)["reward"] for line in open(path) if line.strip()]
+    n = max(len(rewards), 1)
+    if frontend:
+        return {"trajectories": len(rewards), "similarity": sum(rewards) / n}
+    return {"trajectories": len(rewards), "tests_passed": sum(rewards) / n,
+            "success": sum(r >= 1.0 for r in rewards) / n}
+
+
+def random_init(run: Run, stage: str, init) -> str:
+    """A random-init model written by `python -m sweet_jax.random_init` to RUN/<stage>/hf, from an `init` section
+    (preset, seed, std, overrides, head_from_embed, tokenizer)."""
+    import ml_collections
+
+    from sweet_jax.models.random_weights import RandomInitSettings
+
+    overrides = init.overrides.to_dict() if isinstance(init.overrides, ml_collections.ConfigDict) else dict(
+        init.overrides)
+    out = run.path(stage, "hf")
+    run.job(stage, "random_init", RandomInitSettings(
+        output=out, preset=init.get("preset", "tiny"), seed=init.seed, std=init.std, overrides=json.dumps(overrides),
+        head_from_embed=bool(init.get("head_from_embed", False)), tokenizer=init.get("tokenizer", "")))
+    return out
+
+
+def stage_init(run: Run) -> dict:
+    if run.cfg.policy_init:
+        return {"policy_init": run.cfg.policy_init}
+    return {"policy_init": random_init(run, "init", run.cfg.init), "random_init": True}
+
+
+def stage_pretrain(run: Run) -> dict:
+    return train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
+                  run.cfg.pretrain.overrides, init=run.path("init", "hf"))
+
+
+def train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
+    if run.cfg.serve.get("release_for_training", False) and int(run.cfg.get("jobs", 1)) == 1:
+        run.close()  # the kept servers hand the accelerators to the trainer
+    out = run.path(stage)
+    run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
+        f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides])
+    with open(os.path.join(out, "metrics.json")) as fh:
+        metrics = json.load(fh)
+    return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
+
+
+def stage_critic(run: Run) -> dict:
+    return train(run, "critic", run.cfg.critic.config, run.critic_data(), run.cfg.critic.overrides)
+
+
+def ablation(stage: str):
+    """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`). On
+    frontend runs the critic without the information trains on the pairs without the prefix."""
+    def run_stage(run: Run) -> dict:
+        return train(run, stage, run.cfg.critic.config, run.critic_data(with_info=stage != "critic_no_info"),
+                      (*run.cfg.critic.overrides, *run.cfg[stage].overrides))
+    return run_stage
+
+
+def _in_process(run: Run, role: str) -> bool:
+    return run.backend(role).backend == "sweet_jax"
+
+
+@contextlib.contextmanager
+def _maybe_served(run: Run, stage: str, model: str | None, role: str):
+    """None when the role runs in process (the project's engine inside the stage's job), else a server's URL."""
+    if model is None or _in_process(run, role):
+        yield None
+    else:
+        with run.served(stage, model, role) as url:
+            yield url
+
+
+def stage_sample(run: Run) -> dict:
+    b = run.cfg.best_of_n
+    with _maybe_served(run, "sample", run.policy_init, "sample") as url:
+        run.job("sample", "best_of_n", candidates.SampleSettings(
+            model=run.policy_init, input=run.path("data", "train_trajectories.jsonl"),
+            output=run.path("bon", "sampled.jsonl"), data_fraction=b.data_fraction, n=b.n,
+            temperature=b.temperature, max_tokens=b.max_tokens, batch=b.batch, base_url=url,
+            mesh=run.backend("sample").mesh or None), subcommand="sample")
+    return {"states": sum(1 for _ in open(run.path("bon", "sampled.jsonl")))}
+
+
+def stage_rank(run: Run) -> dict:
+    r = run.cfg.rank
+    reference = run.policy_init if r.reference == "model" else None
+    with (_maybe_served(run, "rank", run.path("critic", "hf"), "rank") as critic_url,
+          _maybe_served(run, "rank_reference", reference, "reference") as reference_url):
+        run.job("rank", "best_of_n", candidates.RankSettings(
+            critic=run.path("critic", "hf"), input=run.path("bon", "sampled.jsonl"),
+            output=run.path("bon", "ranked.jsonl"), reference=r.reference, reference_model=reference,
+            use_sum=bool(r.use_sum), no_info=bool(r.no_info), no_header=bool(r.no_header), critic_url=critic_url,
+            reference_url=reference_url, mesh=run.backend("rank").mesh or None), subcommand="rank")
+    return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
+
+
+def stage_pairs(run: Run) -> dict:
+    run.job("pairs", "best_of_n", candidates.PairsSettings(
+        input=run.path("bon", "ranked.jsonl"), output=run.path("bon", "pairs.jsonl"),
+        num_pairs=run.cfg.pairs.num_pairs, no_prompt=True), subcommand="pairs")
+    return {"pairs": sum(1 for _ in open(run.path("bon", "pairs.jsonl")))}
+
+
+def stage_policy(run: Run) -> dict:
+    return train(run, "policy", run.cfg.policy.config, run.path("bon", "ranked.jsonl"),
+                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+
+
+def evaluate_policy(run: Run, stage: str, model: str) -> dict:
+    """An evaluation on the test tasks: `test.rollouts` conversations on each of the first `test.limit` (0: all)."""
+    return collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
+                    run.cfg.test.rollouts, limit=run.cfg.test.get("limit", 0))
+
+
+def stage_rft(run: Run) -> dict:
+    return train(run, "rft", run.cfg.rft.config, run.trajectories, run.cfg.rft.overrides)
+
+
+def stage_mtdpo(run: Run) -> dict:
+    return train(run, "mtdpo", run.cfg.mtdpo.config, run.critic_data(with_info=False), run.cfg.mtdpo.overrides)
+
+
+def stage_report(run: Run) -> dict:
+    from sweet_jax.sweet.reporting import write_report
+
+    return {"report": write_report(run.dir)}
+
+
+def best_of_n_eval(run: Run) -> bool:
+    return bool(run.cfg.best_of_n_eval.enabled)
+
+
+def stage_collected_data(run: Run) -> dict:
+    """The offline trajectories on the train tasks, collected by the initial policy against the simulator."""
+    summary = collect(run, "data", run.train_tasks, run.path("data", "train_trajectories.jsonl"), run.policy_init,
+                      run.cfg.collect.rollouts)
+    if run.generated_tasks:
+        return {"source": f"SYNTHETIC {run.cfg.tasks.kind} domain (not ColBench)", **summary}
+    return summary
+
+
+def stage_test(run: Run) -> dict:
+    return evaluate_policy(run, "test", run.path("policy", "hf"))
+
+
+def _evaluation(stage: str, model):
+    """An evaluation stage on the test tasks of `model(run)`."""
+    return lambda run: evaluate_policy(run, stage, model(run))
+
+
+# The shared stages, for the tracks' lists. Every later stage uses the initial policy and the tasks, which `data`
+# itself waits for.
+INIT = Stage("init", (), (), stage_init)
+PRETRAIN = Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain, after=("init", "tasks"),
+                 enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init)
+CRITIC = Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data", "gt_pairs"))
+SWEET_ACTOR = (
+    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
+    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
+    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
+    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
+    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
+)
+# the baselines: the initial policy as it is, rejection fine-tuning and multi-turn DPO
+BASELINES = (
+    Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
+          _evaluation("test_zero_shot", lambda run: run.policy_init), after=("data",)),
+    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
+    Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
+          _evaluation("test_rft", lambda run: run.path("rft", "hf")), after=("rft",)),
+    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data", "gt_pairs")),
+    Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
+          _evaluation("test_mtdpo", lambda run: run.path("mtdpo", "hf")), after=("mtdpo",)),
+)
+
+
+def ablation_stage(name: str, enabled=best_of_n_eval) -> Stage:
+    """A critic ablation's stage (run with the best-of-N evaluation)."""
+    return Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), ablation(name), after=("data", "gt_pairs"),
+                 enabled=enabled)
+
+
+def with_report(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """A track's stages and, last, the report, after all of them."""
+    return (*stages, Stage("report", (), ("report/report.md",), stage_report, after=tuple(s.name for s in stages)))
