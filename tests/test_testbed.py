@@ -131,6 +131,7 @@ def test_the_request_cues_and_the_human_reads_the_hidden_code():
         tb.TestbedSettings(cue_noise=1.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_scripted_policies_measure_what_they_compute(seed):
     """Through the real episodes and the sandboxed evaluator: within 3 standard errors, on 3 seeds (the outcome
