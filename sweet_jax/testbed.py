@@ -25,7 +25,8 @@ POLICIES = {"oracle": "optimal", "random": "random", "collector": "collector"}
 
 
 def main(argv) -> int:
-    from sweet_jax.colbench.testbed_domain import TestbedSettings, measure
+    from sweet_jax.colbench.testbed_diagnostics import measure
+    from sweet_jax.colbench.testbed_domain import TestbedSettings
 
     if len(argv) != 2 or argv[1] not in POLICIES:
         print(f"error: bad command line: expected one of {', '.join(POLICIES)}, e.g. `python -m sweet_jax.testbed "

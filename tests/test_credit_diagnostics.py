@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from sweet_jax.colbench import testbed_diagnostics as td
 from sweet_jax.colbench import testbed_domain as tb
 from sweet_jax.sweet.credit_diagnostics import judge_diagnostics, pairwise, rank_correlation, top1_agreement
 
@@ -32,7 +33,7 @@ def test_rank_correlation_equals_scipy():
 
 def test_the_true_q_ranks_perfectly_and_a_shuffled_copy_at_chance():
     s = tb.TestbedSettings()
-    states = tb.diagnostic_states(s, tb.make_tasks(s, 150, seed=7, prefix="held-out"), candidates=16, seed=1)
+    states = td.diagnostic_states(s, tb.make_tasks(s, 150, seed=7, prefix="held-out"), candidates=16, seed=1)
     assert {st["turn"] for st in states} == {0, 1, 2} and {k for st in states for k in st["kinds"]} == {
         "ask", "vague", "answer"}
     oracle = judge_diagnostics([{**st, "scores": st["truth"]} for st in states])

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from sweet_jax.colbench import testbed_diagnostics as td
 from sweet_jax.colbench import testbed_domain as tb
 from sweet_jax.colbench.scoring import score_answer
 
@@ -138,7 +139,7 @@ def test_scripted_policies_measure_what_they_compute(seed):
     of each fixed seed is deterministic). The collecting policy on the first seed."""
     s = tb.TestbedSettings()
     for policy in ("optimal", "random") + (("collector",) if seed == 0 else ()):
-        r = tb.measure(s, policy, seed=seed, episodes=150)
+        r = td.measure(s, policy, seed=seed, episodes=150)
         assert abs(r["measured"] - r["computed"]) <= 3 * r["standard_error"], r
         assert abs(r["computed"] - r["expected"]) < 0.1, r
 
@@ -170,12 +171,12 @@ def _scored(s, policy, episodes, seed):
 
 def test_the_policy_breakdown_of_the_scripted_policies():
     s = tb.TestbedSettings()
-    optimal = tb.policy_breakdown(s, _scored(s, "optimal", 300, 11))
+    optimal = td.policy_breakdown(s, _scored(s, "optimal", 300, 11))
     assert all(row["optimal"] == 1.0 for row in optimal["by_turn"].values())
     assert optimal["answers"]["answered"] == 1.0 and optimal["answers"]["guesses_optimal"] == 1.0
     assert optimal["answers"]["told_right"] == 1.0 and abs(optimal["regret"]) < 0.08
     assert set(optimal["success_by_opening"]) <= {"ask cued", "ask uncued"}
-    collector = tb.policy_breakdown(s, _scored(s, "collector", 600, 12))
+    collector = td.policy_breakdown(s, _scored(s, "collector", 600, 12))
     first = collector["by_turn"][0]
     assert abs(first.get("vague", 0) - s.collector.p_vague) < 0.04
     assert abs(first["answer"] - s.collector.p_answer) < 0.05

@@ -1,0 +1,125 @@
+"""The credit-assignment testbed's episodes measured against its ground truth (`colbench.testbed_domain`): a
+scripted policy's success through the real episodes and the sandboxed evaluator beside the exact one (`measure`),
+held-out states whose candidates carry their true values, for judging judges (`diagnostic_states`), and what a policy
+did turn by turn against the optimum (`policy_breakdown`). SYNTHETIC. Imports no JAX.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sweet_jax.colbench.env import BackendEpisode
+from sweet_jax.colbench.testbed_domain import (TestbedSettings, act, best_guess, dialogue_state, expected_success,
+                                               initial_state, make_tasks, parse_action, play, q_value,
+                                               simulator_reply, v_value)
+
+
+def measure(s: TestbedSettings, policy: str, *, seed: int, episodes: int, out: str | None = None,
+            workers: int = 4) -> dict:
+    """Play `episodes` episodes of the policy on fresh tasks (seeded), score each answer with the sandboxed
+    evaluator, and return the measured success beside the computed one: the mean over the episodes' tasks of V at
+    their first state (and, as `expected`, over the whole task distribution)."""
+    import concurrent.futures as cf
+    import math
+
+    from sweet_jax.colbench.backend_eval import BackendEvaluator
+    from sweet_jax.files.jsonl import write_jsonl
+
+    tasks = make_tasks(s, episodes, seed)
+    rng = random.Random(f"{policy}-{seed}")
+    records = [play(s, task, policy, rng) for task in tasks]
+    evaluator = BackendEvaluator()
+    with cf.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda r: evaluator.score(r["answer"], r["task"]["ground_truth"],
+                                                          r["task"]["test_cases"]), records))
+    computed = [v_value(s, initial_state(s, task), policy) for task in tasks]
+    for record, result, v in zip(records, results, computed):
+        record.update(reward=result.reward, success=result.success, v_initial=v)
+    if out:
+        write_jsonl(out, records)
+    n = len(records)
+    measured = sum(r.success for r in results) / n if n else 0.0
+    return {"policy": policy, "episodes": n, "seed": seed, "measured": measured,
+            "computed": sum(computed) / n if n else 0.0,
+            "standard_error": math.sqrt(max(measured * (1 - measured), 1e-12) / n) if n else None,
+            "expected": expected_success(s, policy)}
+
+
+def diagnostic_states(s: TestbedSettings, tasks: list[dict], *, candidates: int = 16, seed: int = 0) -> list[dict]:
+    """Held-out states for judging a turn's candidates: every agent turn of one collecting-policy episode per task,
+    with `candidates` messages each drawn from the collecting or (half the time) the uniform random policy, and
+    their true values: `truth` (Q*), `truth_collector` (Q under the collecting policy), `kinds` (the action type of
+    each: ask, vague, answer), `turn` (0-based), and the dialogue so far (`history`) with its `task`."""
+    rng = random.Random(f"diagnostics-{seed}")
+    out = []
+    for task in tasks:
+        ep = BackendEpisode(task, max_steps=s.max_steps, date_header=False)
+        while True:
+            state = dialogue_state(s, ep.history)
+            msgs = [act(s, state, "random" if rng.random() < 0.5 else "collector", rng) for _ in range(candidates)]
+            out.append({"task": task, "history": [dict(m) for m in ep.history], "turn": ep.steps, "candidates": msgs,
+                        "kinds": [parse_action(m, s.details)[0] for m in msgs],
+                        "truth": [q_value(s, state, m, "optimal") for m in msgs],
+                        "truth_collector": [q_value(s, state, m, "collector") for m in msgs]})
+            message = act(s, state, "collector", rng)
+            if ep.step(message):
+                break
+            ep.add_reply(simulator_reply(task, message))
+    return out
+
+
+def policy_breakdown(s: TestbedSettings, records: list[dict]) -> dict:
+    """What a policy did, against the optimum, over scored trajectory records (`reward` 1 on success):
+    - `by_turn[t]`: the share of turn-t actions that asked about a term the task uses, one it does not use, one
+      already told, were vague, or answered; and `optimal`, the share that were among the state's best actions (Q*);
+    - `answers`: the share of answers in the domain's form, of those that copied every told coefficient right, and
+      of those whose choice for each untold term (a guess, or 0) is the optimal one;
+    - `success_by_opening`: success after each kind of first turn (ask a cued / an uncued term, vague, answer);
+    - `regret`: the mean of V* at the first state minus the outcome (0 for the optimal policy, up to sampling)."""
+    by_turn: dict = {}
+    openings: dict = {}
+    answers = {"episodes": 0, "form": 0, "told_right": 0, "guesses_optimal": 0}
+    regret = 0.0
+    for rec in records:
+        task, history = rec["task"], rec["dialogue_history"]
+        used = [bool(c) for c in task["testbed"]["coefficients"]]
+        ok = float(rec.get("reward", 0.0)) >= 1.0
+        regret += v_value(s, initial_state(s, task)) - ok
+        turn = 0
+        for i, m in enumerate(history):
+            if m["role"] != "assistant":
+                continue
+            state = dialogue_state(s, history[:i])
+            action = parse_action(m["content"], s.details)
+            if action[0] == "ask":
+                kind = ("ask told" if action[1] in state.told_map else
+                        "ask used" if used[action[1]] else "ask unused")
+            else:
+                kind = action[0]
+            row = by_turn.setdefault(turn, {"turns": 0, "optimal": 0})
+            row["turns"] += 1
+            row[kind] = row.get(kind, 0) + 1
+            row["optimal"] += q_value(s, state, m["content"]) >= v_value(s, state) - 1e-12
+            if turn == 0:
+                opening = ("ask cued" if state.cues[action[1]] else "ask uncued") if action[0] == "ask" else kind
+                count, wins = openings.get(opening, (0, 0))
+                openings[opening] = (count + 1, wins + ok)
+            if action[0] == "answer":
+                answers["episodes"] += 1
+                coefficients = action[1]
+                if coefficients is not None:
+                    answers["form"] += 1
+                    told = state.told_map
+                    answers["told_right"] += all(coefficients[j] == v for j, v in told.items())
+                    answers["guesses_optimal"] += all((coefficients[j] != 0) == best_guess(s, state, j)
+                                                      for j in range(s.details) if j not in told)
+            turn += 1
+    n = len(records)
+    turns = {t: {k: (v / row["turns"] if k != "turns" else v) for k, v in row.items()}
+             for t, row in sorted(by_turn.items())}
+    a = answers["episodes"]
+    return {"episodes": n, "by_turn": turns,
+            "answers": {"answered": a / n if n else None, **{k: answers[k] / a if a else None
+                                                              for k in ("form", "told_right", "guesses_optimal")}},
+            "success_by_opening": {k: {"share": c / n, "success": w / c} for k, (c, w) in sorted(openings.items())},
+            "regret": regret / n if n else None}
