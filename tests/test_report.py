@@ -126,6 +126,41 @@ def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):
     assert f"| SWEET-RL | 60.0 | 80.0 | 70.0 | {lo:.1f}-{hi:.1f} |" in md
     assert "| random, N=1 | 50.0 | 60.0 | 55.0 |" in md
     assert all((tmp_path / f"seed{i}" / "report" / "report.md").exists() for i in range(2))
+    assert "Paired differences" not in md  # no episode files: nothing to pair
+
+
+def test_seeds_report_pairs_the_episodes_of_the_same_task_and_rollout(tmp_path):
+    from sweet_jax.data.trajectories import task_key
+    from sweet_jax.sweet.paired_stats import paired_difference
+
+    def write(run, stage, outcomes):  # outcomes[rollout][task]: the block layout of an evaluation file
+        (run / "eval").mkdir(exist_ok=True)
+        with open(run / "eval" / f"{stage}_trajectories.jsonl", "w") as fh:
+            for per_task in outcomes:
+                for t, ok in enumerate(per_task):
+                    fh.write(json.dumps({"task": {"problem_description": f"task {t}", "ground_truth": "x"},
+                                         "reward": float(ok)}) + "\n")
+
+    runs, expected_a, expected_b = [], {}, {}
+    for i, (sweet, mtdpo) in enumerate([([[1, 1, 0], [1, 0, 0]], [[0, 1, 0], [1, 0, 0]]),
+                                        ([[1, 1, 1], [0, 1, 1]], [[1, 0, 0], [0, 0, 1]])]):
+        run = tmp_path / f"seed{i}"
+        _marker(run, "test", {"trajectories": 6, "tests_passed": 0.5, "success": 0.5})
+        write(run, "test", sweet)
+        write(run, "test_mtdpo", mtdpo)
+        runs.append(str(run))
+        for r in range(2):
+            for t in range(3):
+                key = (i, task_key({"problem_description": f"task {t}", "ground_truth": "x"}), r)
+                expected_a[key], expected_b[key] = sweet[r][t], mtdpo[r][t]
+    proc = _report(*runs, "--output", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "out" / "seeds.md").read_text()
+    r = paired_difference(expected_a, expected_b)  # the same pairs, keyed by hand
+    assert r["difference"] == pytest.approx(4 / 12)  # 8 of 12 successes against 4 of 12
+    assert (f"| SWEET-RL - Multi-turn DPO | {100 * r['difference']:+.1f} | {100 * r['low']:+.1f} to "
+            f"{100 * r['high']:+.1f} | 12 | 2 |") in md
+    assert "SWEET-RL - Rejection fine-tuning" not in md  # no RFT evaluation to pair with
 
 
 def _frontend_run(run, zero_shot, sweet, bon=None):

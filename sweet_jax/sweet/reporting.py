@@ -543,7 +543,48 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
                         count = r[1][sel][n]
                         cells.append((round(r[0][sel][n] * count), count))
                 lines.append(row(f"{sel}, N={n}", cells))
+    lines += paired_section(runs)
     return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
+
+
+def _episode_success(path: str) -> dict:
+    """{(task, its k-th episode in the file): 1.0 on success, else 0.0} of an evaluation's trajectory file: each
+    method plays the same test tasks the same number of times, so the k-th episodes of a task are paired."""
+    from sweet_jax.data.trajectories import task_key
+
+    out, seen = {}, {}
+    for rec in read_jsonl(path):
+        key = task_key(rec["task"])
+        seen[key] = seen.get(key, -1) + 1
+        out[(key, seen[key])] = float(float(rec["reward"]) >= 1.0)
+    return out
+
+
+def paired_section(runs: list[str]) -> list[str]:
+    """SWEET-RL minus each baseline, in success points, over the episodes both played in every run (the same task,
+    its k-th rollout), with a 95% bootstrap interval over the runs (seeds) and the episodes
+    (`sweet.paired_stats.paired_difference`)."""
+    from sweet_jax.sweet.paired_stats import paired_difference
+
+    success = {stage: {} for stage in METHODS}
+    for i, d in enumerate(runs):
+        for stage in METHODS:
+            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
+            if os.path.exists(path):
+                success[stage].update({(i, *k): v for k, v in _episode_success(path).items()})
+    rows = []
+    for base in ("test_mtdpo", "test_rft", "test_zero_shot"):
+        if success["test"] and success[base] and set(success["test"]) & set(success[base]):
+            r = paired_difference(success["test"], success[base])
+            rows.append(f"| SWEET-RL - {METHODS[base]} | {100 * r['difference']:+.1f} | "
+                        f"{100 * r['low']:+.1f} to {100 * r['high']:+.1f} | {r['episodes']} | {r['clusters']} |")
+    if not rows:
+        return []
+    return ["", "## Paired differences (success points)", "",
+            "Each method plays the same test tasks the same number of times in each run; the differences pair the "
+            "episodes of the same task and rollout, with a 95% bootstrap interval that resamples the runs and the "
+            "episodes within them.", "", "| comparison | difference | 95% CI | paired episodes | runs |",
+            "|---|---|---|---|---|", *rows]
 
 
 @dataclasses.dataclass(frozen=True)
