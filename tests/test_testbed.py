@@ -237,3 +237,27 @@ def test_the_describer_command_serves_the_testbed_human(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_testbed_data_files(tmp_path):
+    import json
+
+    s = tb.TestbedSettings(outcome_noise=0.2)
+    files = td.write_testbed_data(tmp_path, s, num_tasks=150, num_test_tasks=20, rollouts=2, pretrain_episodes=30)
+    read = {k: [json.loads(line) for line in open(v)] for k, v in files.items()}
+    train_ids = {t["task_id"] for t in read["train_tasks"]}
+    assert len(train_ids) == 150 and not train_ids & {t["task_id"] for t in read["test_tasks"]}
+    trajs = read["train_trajectories"]
+    assert len(trajs) == 300 and [t["task"]["task_id"] for t in trajs[:150]] == [t["task"]["task_id"] for t in
+                                                                                   trajs[150:]]
+    flipped = sum((t["reward"] >= 1) != (t["true_reward"] >= 1) for t in trajs) / len(trajs)
+    assert abs(flipped - 0.2) < 0.07
+    true = sum(t["true_reward"] >= 1 for t in trajs) / len(trajs)
+    assert abs(true - tb.expected_success(s, "collector")) < 0.08
+    # one trained agent turn per record, its prompt the episode's own, on tasks used for nothing else
+    assert all(r["dialogue_history"][-1]["role"] == "assistant" and r["dialogue_history"][-1]["input"]
+               for r in read["pretrain"])
+    assert not {r["task"]["task_id"] for r in read["pretrain"]} & (train_ids | {t["task_id"] for t in
+                                                                               read["test_tasks"]})
+    by_index = {int(r["task"]["task_id"].rsplit("-", 1)[1]): r["task"]["testbed"] for r in read["pretrain"]}
+    assert [by_index[i] for i in range(30)] != [t["testbed"] for t in read["train_tasks"][:30]]  # tasks of their own

@@ -1,7 +1,9 @@
 """The credit-assignment testbed's episodes measured against its ground truth (`colbench.testbed_domain`): a
 scripted policy's success through the real episodes and the sandboxed evaluator beside the exact one (`measure`),
 held-out states whose candidates carry their true values, for judging judges (`diagnostic_states`), and what a policy
-did turn by turn against the optimum (`policy_breakdown`). SYNTHETIC. Imports no JAX.
+did turn by turn against the optimum (`policy_breakdown`); and the offline data a pipeline trains on: the collecting
+policy's trajectories, their recorded rewards under outcome noise, and pre-training dialogues for a tiny agent
+(`write_testbed_data`). SYNTHETIC. Imports no JAX.
 """
 
 from __future__ import annotations
@@ -123,3 +125,46 @@ def policy_breakdown(s: TestbedSettings, records: list[dict]) -> dict:
                                                               for k in ("form", "told_right", "guesses_optimal")}},
             "success_by_opening": {k: {"share": c / n, "success": w / c} for k, (c, w) in sorted(openings.items())},
             "regret": regret / n if n else None}
+
+
+def collector_trajectories(s: TestbedSettings, tasks: list[dict], *, rollouts: int, seed: int) -> list[dict]:
+    """The offline data: `rollouts` episodes of the data-collecting policy per task (block layout: record j * N + i
+    is rollout j of task i), scored by the official rules in process (the code is the domain's own). `reward` is
+    the recorded reward, flipped with probability `outcome_noise`; `true_reward` is the outcome itself."""
+    from sweet_jax.colbench.scoring import score_answer
+
+    rng = random.Random(f"collector-{seed}")
+    out = []
+    for _ in range(rollouts):
+        for task in tasks:
+            rec = play(s, task, "collector", rng)
+            true = score_answer(rec["answer"], task["ground_truth"], task["test_cases"]).reward
+            flip = rng.random() < s.outcome_noise
+            out.append({**rec, "reward": (1.0 - float(true >= 1.0)) if flip else true, "true_reward": true})
+    return out
+
+
+def write_testbed_data(directory: str, s: TestbedSettings, *, num_tasks: int, num_test_tasks: int, rollouts: int,
+                       pretrain_episodes: int, seed: int = 0) -> dict[str, str]:
+    """The testbed's files (each written atomically), from one seed:
+    - train_tasks.jsonl / test_tasks.jsonl: disjoint task lists;
+    - train_trajectories.jsonl: the collecting policy's episodes on the train tasks (`collector_trajectories`);
+    - pretrain.jsonl: what makes a random tiny model an agent of the domain, one record per agent turn of
+      `pretrain_episodes` collecting-policy episodes on tasks of their own (for `score_span = "response"`): it
+      learns the domain's messages and to copy what it was told, and starts near the collecting policy."""
+    import os
+
+    from sweet_jax.colbench.synthetic import turn_records
+    from sweet_jax.files.jsonl import write_jsonl
+
+    tasks = make_tasks(s, num_tasks + num_test_tasks, seed)
+    pretrain_tasks = make_tasks(s, pretrain_episodes, f"pretrain-{seed}", prefix="testbed")  # a stream of their own
+    rng = random.Random(f"pretrain-{seed}")
+    pretrain = [t for task in pretrain_tasks for t in turn_records(play(s, task, "collector", rng))]
+    rng.shuffle(pretrain)
+    d = os.fspath(directory)
+    return {"train_tasks": write_jsonl(os.path.join(d, "train_tasks.jsonl"), tasks[:num_tasks]),
+            "test_tasks": write_jsonl(os.path.join(d, "test_tasks.jsonl"), tasks[num_tasks:]),
+            "train_trajectories": write_jsonl(os.path.join(d, "train_trajectories.jsonl"), collector_trajectories(
+                s, tasks[:num_tasks], rollouts=rollouts, seed=seed)),
+            "pretrain": write_jsonl(os.path.join(d, "pretrain.jsonl"), pretrain)}

@@ -134,7 +134,7 @@ def make_task(s: TestbedSettings, rng: random.Random, task_id: str = "") -> dict
             "testbed": {"coefficients": coefficients, "cues": cues}}
 
 
-def make_tasks(s: TestbedSettings, n: int, seed: int, prefix: str = "testbed") -> list[dict]:
+def make_tasks(s: TestbedSettings, n: int, seed: int | str, prefix: str = "testbed") -> list[dict]:
     rng = random.Random(seed)
     return [make_task(s, rng, f"{prefix}-{seed}-{i}") for i in range(n)]
 
