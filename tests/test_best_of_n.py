@@ -154,6 +154,31 @@ def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(f
     assert json.loads(out.read_text()) == result
 
 
+
+def test_best_of_n_evaluation_on_backend_tasks_with_a_served_simulated_human(files, tmp_path):
+    """--simulator_url on backend tasks: the testbed's scripted human behind its server answers every turn, in place
+    of a simulator model in process."""
+    from test_testbed import testbed_human
+
+    from sweet_jax.colbench import testbed_domain as tb
+
+    tasks = tb.make_tasks(tb.TestbedSettings(), 3, 0)
+    synthetic.write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    out = tmp_path / "bon.json"
+    with testbed_human() as url:
+        proc = _run("evaluate", "--policy", files / "policy", "--simulator", "testbed-human", "--simulator-url", url,
+                    "--tasks", tmp_path / "tasks.jsonl", "--output", out, "--judge", f"critic={files / 'other'}",
+                    "--ns", "1,2", "--max-steps", "3", "--max-tokens", "5", "--simulator-max-tokens", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    replies = 0
+    for t in map(json.loads, open(f"{out}.trajectories.jsonl")):
+        history = t["dialogue_history"]
+        for asked, reply in zip(history[1::2], history[2::2]):
+            assert reply["content"] == tb.simulator_reply(t["task"], asked["content"])
+            replies += 1
+    assert replies == 2 * 2 * 3 * 2  # 2 selectors x 2 Ns x 3 tasks, two replies each (three turns, no answer)
+
+
 @pytest.mark.slow
 def test_sample_and_rank_split_over_the_processes_of_a_distributed_job(files, tmp_path):
     """Two processes of a local jax.distributed job: each samples and ranks every other state into its own partial

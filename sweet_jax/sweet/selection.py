@@ -44,8 +44,10 @@ class SelectionSettings:
     tasks: str = flag(help="held-out tasks (JSONL)", required=True)
     task_type: str = flag("backend", choices=("backend", "frontend"), help="backend: scored in the sandbox; frontend: "
                                                                            "pages rendered and compared with targets")
-    simulator_url: str | None = flag(None, help="frontend: the simulated human's OpenAI-compatible /v1 URL(s) "
-                                                "(vLLM's Qwen2-VL, `sweet_jax.describer`); --simulator names its "
+    simulator_url: str | None = flag(None, help="the simulated human's OpenAI-compatible /v1 URL(s) (frontend: "
+                                                "required, vLLM's Qwen2-VL or `sweet_jax.describer`; backend: "
+                                                "instead of the --simulator model in process, e.g. "
+                                                "`sweet_jax.describer --domain testbed`); --simulator names its "
                                                 "model")
     clip: str | None = flag(None, help="frontend: an HF CLIP checkpoint directory (the official metric); default the "
                                        "offline pixel metric")
@@ -133,7 +135,7 @@ def _load_models(s: SelectionSettings, frontend: bool) -> _Models:
 
     placement = Placement.build(s.mesh)
     policy = shared_model(s.policy, s.dtype, placement)
-    sim = None if frontend else shared_model(s.simulator, s.dtype, placement)
+    sim = None if frontend or s.simulator_url else shared_model(s.simulator, s.dtype, placement)
     tok = policy.tokenizer(s.tokenizer)
     fmt = policy.chat_format_for(tok)
     eot = fmt.tokenized(tok).eot_id
@@ -157,29 +159,38 @@ class _Track:
 
 
 def _backend_track(s: SelectionSettings, m: _Models) -> _Track:
+    """The simulated human is the `--simulator` model in process, or the server at `--simulator_url` (a scripted
+    human such as the testbed's, `python -m sweet_jax.describer --domain testbed`, or a vLLM)."""
     from sweet_jax.inference.scheduler import generate
 
-    def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
+    def in_process(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
         out = generate(m.sim.params, m.sim.cfg, [m.tok.encode(p, add_special_tokens=False) for p in prompts],
                        m.simulator, placement=m.placement)
         return [m.tok.decode(o[0].tokens, skip_special_tokens=True) for o in out]
 
+    replies = in_process if not s.simulator_url else _served_replies(s)
     return _Track(lambda task: BackendEpisode(task, max_steps=s.max_steps, chat_format=m.fmt), replies, s.batch * 4,
                   lambda: _backend_scorer(s), frontend=False)
+
+
+def _served_replies(s: SelectionSettings) -> Callable[[list[str], dict[str, Episode]], list[str]]:
+    """The simulated human behind `--simulator_url`: each distinct request's messages, sent greedy."""
+    from sweet_jax.sweet.endpoints import Server, chat_replies
+
+    server = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4)
+
+    def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
+        return chat_replies(server, [asked[p].simulator_messages() for p in prompts], temperature=0.0,
+                            max_tokens=s.simulator_max_tokens)
+    return replies
 
 
 def _frontend_track(s: SelectionSettings, m: _Models) -> _Track:
     from sweet_jax.colbench.client import png_data_url
     from sweet_jax.colbench.render_cache import RenderCache
-    from sweet_jax.sweet.endpoints import Server, chat_replies
 
-    simulator = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4)
+    replies = _served_replies(s)
     cache = RenderCache(s.renders or s.output + ".images")
-
-    def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
-        return chat_replies(simulator, [asked[p].simulator_messages() for p in prompts], temperature=0.0,
-                            max_tokens=s.simulator_max_tokens)
-
     return _Track(lambda task: FrontendEpisode(task, cache.render, png_data_url, max_steps=s.max_steps,
                                                chat_format=m.fmt),
                   replies, s.batch * 4, lambda: _frontend_scorer(s), frontend=True, cache=cache)
