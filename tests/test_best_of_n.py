@@ -158,14 +158,14 @@ def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(f
 def test_best_of_n_evaluation_on_backend_tasks_with_a_served_simulated_human(files, tmp_path):
     """--simulator_url on backend tasks: the testbed's scripted human behind its server answers every turn, in place
     of a simulator model in process."""
-    from test_testbed import testbed_human
+    from test_testbed import scripted_human_server
 
     from sweet_jax.colbench import testbed_domain as tb
 
     tasks = tb.make_tasks(tb.TestbedSettings(), 3, 0)
     synthetic.write_jsonl(tmp_path / "tasks.jsonl", tasks)
     out = tmp_path / "bon.json"
-    with testbed_human() as url:
+    with scripted_human_server() as url:
         proc = _run("evaluate", "--policy", files / "policy", "--simulator", "testbed-human", "--simulator-url", url,
                     "--tasks", tmp_path / "tasks.jsonl", "--output", out, "--judge", f"critic={files / 'other'}",
                     "--ns", "1,2", "--max-steps", "3", "--max-tokens", "5", "--simulator-max-tokens", "4")

@@ -210,7 +210,7 @@ def test_the_scripted_human_answers_the_simulator_prompt_as_in_process():
 
 
 @contextlib.contextmanager
-def testbed_human():
+def scripted_human_server():
     """`python -m sweet_jax.describer --domain testbed` on a free port; yields its /v1 URL."""
     import socket
     import time
@@ -234,11 +234,11 @@ def testbed_human():
         proc.wait(10)
 
 
-def test_the_describer_command_serves_the_testbed_human():
+def test_the_describer_command_serves_the_scripted_human_server():
     import json
     import urllib.request
 
-    with testbed_human() as url:
+    with scripted_human_server() as url:
         task = tb.make_tasks(tb.TestbedSettings(), 1, 3)[0]
         ep = tb.BackendEpisode(task, max_steps=3, date_header=False)
         ep.step(tb.question(2))
@@ -247,87 +247,6 @@ def test_the_describer_command_serves_the_testbed_human():
                                      headers={"Content-Type": "application/json"})
         body = json.load(urllib.request.urlopen(req, timeout=10))
         assert body["choices"][0]["message"]["content"] == tb.simulator_reply(task, tb.question(2))
-
-
-def _scored(s, policy, episodes, seed):
-    """Scripted episodes scored by the official rules (in process: the code is the domain's own)."""
-    rng = random.Random(seed)
-    out = []
-    for task in tb.make_tasks(s, episodes, seed):
-        rec = tb.play(s, task, policy, rng)
-        rec["reward"] = score_answer(rec["answer"], task["ground_truth"], task["test_cases"]).reward
-        out.append(rec)
-    return out
-
-
-def test_the_policy_breakdown_of_the_scripted_policies():
-    s = tb.TestbedSettings()
-    optimal = td.policy_breakdown(s, _scored(s, "optimal", 300, 11))
-    assert all(row["optimal"] == 1.0 for row in optimal["by_turn"].values())
-    assert optimal["answers"]["answered"] == 1.0 and optimal["answers"]["guesses_optimal"] == 1.0
-    assert optimal["answers"]["told_right"] == 1.0 and abs(optimal["regret"]) < 0.08
-    assert set(optimal["success_by_opening"]) <= {"ask cued", "ask uncued"}
-    collector = td.policy_breakdown(s, _scored(s, "collector", 600, 12))
-    first = collector["by_turn"][0]
-    assert abs(first.get("vague", 0) - s.collector.p_vague) < 0.04
-    assert abs(first["answer"] - s.collector.p_answer) < 0.05
-    assert "ask told" not in first and collector["by_turn"][2]["answer"] == 1.0  # the last turn always answers
-    assert collector["regret"] == pytest.approx(tb.expected_success(s, "optimal") - tb.expected_success(
-        s, "collector"), abs=0.06)
-    # opening by asking a cued term succeeds more often than by asking an uncued one, as Q* says it should
-    opens = collector["success_by_opening"]
-    assert opens["ask cued"]["success"] > opens["ask uncued"]["success"] > opens["answer"]["success"]
-
-
-def test_the_scripted_human_answers_the_simulator_prompt_as_in_process():
-    """`reply_to` reads the hidden code and the agent's last message from the backend episode's simulator prompt,
-    and says what `simulator_reply` says, including to questions about a term beyond the task's degree."""
-    s = tb.TestbedSettings()
-    rng = random.Random(4)
-    messages = [tb.question(j) for j in range(len(tb.TERMS))] + [tb.VAGUE_QUESTION, "What is the cubic term, x**3?"]
-    for task in tb.make_tasks(s, 20, 9):
-        ep = tb.BackendEpisode(task, max_steps=6, date_header=False)
-        for _ in range(3):
-            m = rng.choice(messages)
-            ep.step(m)
-            reply = tb.reply_to(ep.simulator_messages())
-            assert reply == tb.simulator_reply(task, m)
-            ep.add_reply(reply)
-    assert tb.simulator_reply(task, tb.question(5)) == "There is no quintic term."
-    assert tb.dialogue_state(s, ep.history).told_map.keys() <= set(range(s.details))
-    with pytest.raises(ValueError, match="not the backend simulator's prompt"):
-        tb.reply_to([{"role": "user", "content": "hello"}])
-
-
-def test_the_describer_command_serves_the_testbed_human(tmp_path):
-    import json
-    import socket
-    import time
-    import urllib.request
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sweet_jax.describer", "--port", str(port), "--domain", "testbed"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        task = tb.make_tasks(tb.TestbedSettings(), 1, 3)[0]
-        ep = tb.BackendEpisode(task, max_steps=3, date_header=False)
-        ep.step(tb.question(2))
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
-                                     data=json.dumps({"messages": ep.simulator_messages()}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        body = json.load(urllib.request.urlopen(req, timeout=10))
-        assert body["choices"][0]["message"]["content"] == tb.simulator_reply(task, tb.question(2))
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_the_testbed_data_files(tmp_path):

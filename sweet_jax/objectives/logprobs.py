@@ -35,10 +35,14 @@ def logprobs_from_hidden(hidden: jnp.ndarray, lm_head: jnp.ndarray, targets: jnp
     return out.swapaxes(0, 1).reshape(b, -1)[:, :t]
 
 
-def _chunk_logits(hc: jnp.ndarray, lm_head: jnp.ndarray) -> jnp.ndarray:
-    """One chunk's f32 logits [B, c, V] from hc [B, c, D], the projection cast to the hidden states' dtype."""
-    # All-gathered over the hidden dimension before use, as FSDP does with every weight.
-    w = constrain(lm_head.astype(hc.dtype), ("act_embed", "vocab"))
+def _projection(lm_head: jnp.ndarray, dtype) -> jnp.ndarray:
+    """The [D, V] projection in the hidden states' dtype, all-gathered over the hidden dimension before use, as FSDP
+    does with every weight."""
+    return constrain(lm_head.astype(dtype), ("act_embed", "vocab"))
+
+
+def _chunk_logits(hc: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+    """One chunk's f32 logits [B, c, V] from hc [B, c, D] and the projection `w` (`_projection`)."""
     hc = constrain(hc, ("batch", "seq", "act_embed"))
     return jnp.einsum("bcd,dv->bcv", hc, w, preferred_element_type=jnp.float32)
 
@@ -46,9 +50,11 @@ def _chunk_logits(hc: jnp.ndarray, lm_head: jnp.ndarray) -> jnp.ndarray:
 def _chunks_forward(h, lm_head, y):
     """Log-probs [n, B, c] and each token's log-sum-exp (the backward pass's residual)."""
 
+    w = _projection(lm_head, h.dtype)
+
     def one(args):
         hc, yc = args
-        logits = _chunk_logits(hc, lm_head)
+        logits = _chunk_logits(hc, w)
         lse = jax.nn.logsumexp(logits, axis=-1)
         return jnp.take_along_axis(logits, yc[..., None], axis=-1)[..., 0] - lse, lse
 
@@ -72,13 +78,13 @@ def _chunked_logprobs_bwd(res, g):
     and the hidden states (into the projection's f32 gradient, carried over chunks)."""
     h, lm_head, y, lse = res
     vocab = lm_head.shape[-1]
+    w = _projection(lm_head, h.dtype)
 
     def one(dw, args):
         hc, yc, lc, gc = args
-        logits = _chunk_logits(hc, lm_head)
+        logits = _chunk_logits(hc, w)
         onehot = jnp.arange(vocab, dtype=yc.dtype) == yc[..., None]
         dlogits = (gc[..., None] * (onehot - jnp.exp(logits - lc[..., None]))).astype(hc.dtype)
-        w = constrain(lm_head.astype(hc.dtype), ("act_embed", "vocab"))
         dh = jnp.einsum("bcv,dv->bcd", dlogits, w, preferred_element_type=jnp.float32).astype(hc.dtype)
         dw = dw + jnp.einsum("bcd,bcv->dv", hc, dlogits, preferred_element_type=jnp.float32)
         return dw, dh

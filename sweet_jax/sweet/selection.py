@@ -154,7 +154,6 @@ class _Track:
     replies: Callable[[list[str], dict[str, Episode]], list[str]]
     chunk: int
     scorer: Callable[[], Callable[[Episode], float]]
-    frontend: bool
     cache: object | None = None
 
 
@@ -170,7 +169,7 @@ def _backend_track(s: SelectionSettings, m: _Models) -> _Track:
 
     replies = in_process if not s.simulator_url else _served_replies(s)
     return _Track(lambda task: BackendEpisode(task, max_steps=s.max_steps, chat_format=m.fmt), replies, s.batch * 4,
-                  lambda: _backend_scorer(s), frontend=False)
+                  lambda: _backend_scorer(s))
 
 
 def _served_replies(s: SelectionSettings) -> Callable[[list[str], dict[str, Episode]], list[str]]:
@@ -193,7 +192,7 @@ def _frontend_track(s: SelectionSettings, m: _Models) -> _Track:
     cache = RenderCache(s.renders or s.output + ".images")
     return _Track(lambda task: FrontendEpisode(task, cache.render, png_data_url, max_steps=s.max_steps,
                                                chat_format=m.fmt),
-                  replies, s.batch * 4, lambda: _frontend_scorer(s), frontend=True, cache=cache)
+                  replies, s.batch * 4, lambda: _frontend_scorer(s), cache=cache)
 
 
 def _parse_ns(text: str) -> list[int]:
