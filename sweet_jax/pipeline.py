@@ -6,8 +6,8 @@
 
 Every stage writes into `run_dir`, is skipped once its marker RUN/stages/NAME.json exists, and runs as a child
 process with its log in RUN/logs/NAME.log, so a kill at any point followed by the same command redoes nothing that
-had finished. The stages and what they do: `sweet_jax.sweet.backend_stages` and `frontend_stages` (the run's
-`task_type` picks one). Prints each stage's summary as JSON; exit 1 when a stage fails (the message names its log),
+had finished. The stages and what they do: `sweet_jax.sweet.backend_stages`, `frontend_stages` and
+`testbed_stages` (the run's `task_type` picks one). Prints each stage's summary as JSON; exit 1 when a stage fails (the message names its log),
 2 for a bad command line.
 """
 

@@ -374,3 +374,24 @@ def test_sandbox_runs_a_worker_that_lives_under_tmp(tmp_path, monkeypatch):
     worker.write_text(open(sandbox.WORKER).read())
     monkeypatch.setattr(sandbox, "WORKER", str(worker))
     assert sandbox.run_code("def f(x):\n    return x + 1", ["f(1)"]) == [["int", "2"]]
+
+
+def test_a_timed_score_off_the_main_thread_is_an_error_not_a_failed_test():
+    """The timer is SIGALRM's, which only the main thread can set. Off it, a timed score raises (it had scored every
+    call a failure, silently: the scripted data generated in a pipeline's worker thread all got reward 0); untimed
+    (`timeout=None`, for code known to halt) it scores as on the main thread."""
+    right = "def f(x):\n    return x + 1"
+    out = {}
+
+    def work():
+        try:
+            score_answer(right, right, {"t": "f(1)"})
+        except RuntimeError as e:
+            out["error"] = str(e)
+        out["untimed"] = score_answer(right, right, {"t": "f(1)"}, timeout=None)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "main thread" in out["error"]
+    assert out["untimed"].success and score_answer(right, right, {"t": "f(1)"}).success

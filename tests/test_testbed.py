@@ -5,6 +5,7 @@ and the sandboxed evaluator against what it computes."""
 import contextlib
 import functools
 import itertools
+import os
 import random
 import subprocess
 import sys
@@ -253,8 +254,11 @@ def test_the_testbed_data_files(tmp_path):
     import json
 
     s = tb.TestbedSettings(outcome_noise=0.2)
-    files = td.write_testbed_data(tmp_path, s, num_tasks=150, num_test_tasks=20, rollouts=2, pretrain_episodes=30)
+    files = td.write_testbed_tasks(tmp_path, s, num_tasks=150, num_test_tasks=20, pretrain_episodes=30)
     read = {k: [json.loads(line) for line in open(v)] for k, v in files.items()}
+    summary = td.write_collector_data(tmp_path / "train_trajectories.jsonl", s, read["train_tasks"], rollouts=2)
+    read["train_trajectories"] = [json.loads(line) for line in open(tmp_path / "train_trajectories.jsonl")]
+    assert summary["trajectories"] == 300
     train_ids = {t["task_id"] for t in read["train_tasks"]}
     assert len(train_ids) == 150 and not train_ids & {t["task_id"] for t in read["test_tasks"]}
     trajs = read["train_trajectories"]
@@ -271,3 +275,47 @@ def test_the_testbed_data_files(tmp_path):
                                                                                read["test_tasks"]})
     by_index = {int(r["task"]["task_id"].rsplit("-", 1)[1]): r["task"]["testbed"] for r in read["pretrain"]}
     assert [by_index[i] for i in range(30)] != [t["testbed"] for t in read["train_tasks"][:30]]  # tasks of their own
+
+
+def test_best_of_n_states_get_each_judges_exact_values_and_the_report_shows_them(tmp_path):
+    """`judged_states` reads the dialogue of each best-of-N state and gives it the candidates' exact values, the
+    same as the states' own (computed while they were played); the oracle judge then scores 1 and a shuffled one
+    about chance, and the report's judges table and plot show it."""
+    import json
+
+    from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
+    from sweet_jax.sweet.testbed_report import testbed_sections
+
+    s = tb.TestbedSettings()
+    tasks = tb.make_tasks(s, 40, 11)
+    played = td.diagnostic_states(s, tasks, candidates=16, seed=3)
+    rng = random.Random(0)
+    records = [{"kind": "state", "repeat": 0, "task": tasks.index(st["task"]), "prompt": f"p{i}",
+                "history": st["history"], "candidates": st["candidates"],
+                "judge": {"oracle": st["truth"], "shuffled": rng.sample(st["truth"], len(st["truth"]))}}
+               for i, st in enumerate(played)]
+    judged = td.judged_states(s, records, tasks)
+    assert [st["truth"] for st in judged["oracle"]] == [st["truth"] for st in played]
+    assert [st["truth_collector"] for st in judged["oracle"]] == [st["truth_collector"] for st in played]
+    assert [st["turn"] for st in judged["oracle"]] == [st["turn"] for st in played]
+    oracle, shuffled = judge_diagnostics(judged["oracle"]), judge_diagnostics(judged["shuffled"])
+    assert oracle["rank_correlation"] == pytest.approx(1.0) and oracle["top1"] == 1.0
+    assert abs(shuffled["rank_correlation"]) < 0.1 and abs(shuffled["pairwise_accuracy"] - 0.5) < 0.05
+    with pytest.raises(ValueError, match="state 1 .* no dialogue"):
+        td.judged_states(s, [{k: v for k, v in records[0].items() if k != "history"}], tasks)
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "critic_diagnostics.json").write_text(json.dumps(
+        {name: {"optimal": judge_diagnostics(st), "collector": judge_diagnostics(
+            [{**x, "truth": x["truth_collector"]} for x in st])} for name, st in judged.items()}))
+    episodes = [{**rec, "reward": float(score_answer(rec["answer"], rec["task"]["ground_truth"],
+                                                     rec["task"]["test_cases"], timeout=None).success)}
+                for rec in (tb.play(s, t, "optimal", rng) for t in tasks)]
+    (run / "eval" / "policy_diagnostics.json").write_text(json.dumps({"test": td.policy_breakdown(s, episodes)}))
+    lines, plots = testbed_sections([str(run)], str(tmp_path))
+    text = "\n".join(lines)
+    oracle_row = next(line for line in lines if line.startswith("| oracle |"))
+    assert f"| oracle | {len(played)} | 1.00 | 1.00 |" in oracle_row
+    assert "| SWEET-RL | 100 | 100 | 100 |" in text  # the optimal policy's actions are all optimal
+    assert plots == [str(tmp_path / "critic_diagnostics.png")] and os.path.getsize(plots[0]) > 10_000

@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import dataclasses
 import signal
+import threading
 
 VETO_KEYWORDS = ("import os", "from os", "import sys", "from sys", "sudo", "transformers", "exit(", "quit(",
                  "argparse")
@@ -64,6 +65,10 @@ def run_call(code: str, call: str, namespace: str = "official", timeout: float |
         raise ValueError(f"namespace must be one of {NAMESPACES}, got {namespace!r}")
     g = {"__builtins__": builtins}
     local = {} if namespace == "official" else g
+    if timeout and threading.current_thread() is not threading.main_thread():
+        # the timer is SIGALRM's, which only the main thread can set: failing here beats scoring every call a failure
+        raise RuntimeError("a timed call can only run on the main thread: score from the main thread, in the sandbox "
+                           "(`backend_eval.BackendEvaluator`), or with timeout=None for code known to halt")
     try:
         with _alarm(timeout):
             exec(code, g, local)  # noqa: S102 - the evaluator's purpose

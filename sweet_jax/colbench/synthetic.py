@@ -89,7 +89,7 @@ def rollout(task: dict, rng: random.Random, p_correct: float, compact: bool = Fa
     guess = c if rng.random() < p_correct else rng.choice([k for k in task["constants"] if k != c])
     answer = f"def {name}(x):\n    return x {op} {guess}"
     agent(f"I WANT TO ANSWER:\n```python\n{answer}\n```")
-    score = score_answer(history[-1]["content"], code, task["test_cases"])
+    score = score_answer(history[-1]["content"], code, task["test_cases"], timeout=None)  # scripted code: it halts
     return {"task": task, "dialogue_history": history, "answer": answer, "reward": score.reward}
 
 
@@ -220,7 +220,7 @@ def ask_rollout(task: dict, rng: random.Random, p_good: float, p_vague: float) -
         if question == GOOD_QUESTION:
             told = ask_constant(task)
     ep.step(ask_answer(task, told if told is not None else rng.choice(task["constants"])))
-    score = score_answer(ep.answer, task["ground_truth"], task["test_cases"])
+    score = score_answer(ep.answer, task["ground_truth"], task["test_cases"], timeout=None)  # scripted: it halts
     return {**ep.record(), "reward": score.reward}
 
 

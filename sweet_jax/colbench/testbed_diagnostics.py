@@ -55,7 +55,7 @@ def diagnostic_states(s: TestbedSettings, tasks: list[dict], *, candidates: int 
     rng = random.Random(f"diagnostics-{seed}")
     out = []
     for task in tasks:
-        ep = BackendEpisode(task, max_steps=s.max_steps, date_header=False)
+        ep = BackendEpisode(task, max_steps=s.max_steps)
         while True:
             state = dialogue_state(s, ep.history)
             msgs = [act(s, state, "random" if rng.random() < 0.5 else "collector", rng) for _ in range(candidates)]
@@ -127,28 +127,35 @@ def policy_breakdown(s: TestbedSettings, records: list[dict]) -> dict:
             "regret": regret / n if n else None}
 
 
+def _scored(record: dict) -> dict:
+    """A played episode with its reward, scored by the official rules in process, on any thread: the answer is the
+    scripted policy's, code of the domain's own that always halts, so it runs untimed."""
+    from sweet_jax.colbench.scoring import score_answer
+
+    task = record["task"]
+    return {**record, "reward": score_answer(record["answer"], task["ground_truth"], task["test_cases"],
+                                             timeout=None).reward}
+
+
 def collector_trajectories(s: TestbedSettings, tasks: list[dict], *, rollouts: int, seed: int) -> list[dict]:
     """The offline data: `rollouts` episodes of the data-collecting policy per task (block layout: record j * N + i
     is rollout j of task i), scored by the official rules in process (the code is the domain's own). `reward` is
     the recorded reward, flipped with probability `outcome_noise`; `true_reward` is the outcome itself."""
-    from sweet_jax.colbench.scoring import score_answer
-
     rng = random.Random(f"collector-{seed}")
     out = []
     for _ in range(rollouts):
         for task in tasks:
-            rec = play(s, task, "collector", rng)
-            true = score_answer(rec["answer"], task["ground_truth"], task["test_cases"]).reward
+            rec = _scored(play(s, task, "collector", rng))
+            true = rec["reward"]
             flip = rng.random() < s.outcome_noise
             out.append({**rec, "reward": (1.0 - float(true >= 1.0)) if flip else true, "true_reward": true})
     return out
 
 
-def write_testbed_data(directory: str, s: TestbedSettings, *, num_tasks: int, num_test_tasks: int, rollouts: int,
-                       pretrain_episodes: int, seed: int = 0) -> dict[str, str]:
-    """The testbed's files (each written atomically), from one seed:
+def write_testbed_tasks(directory: str, s: TestbedSettings, *, num_tasks: int, num_test_tasks: int,
+                        pretrain_episodes: int, seed: int = 0) -> dict[str, str]:
+    """The testbed's task files (each written atomically), from one seed:
     - train_tasks.jsonl / test_tasks.jsonl: disjoint task lists;
-    - train_trajectories.jsonl: the collecting policy's episodes on the train tasks (`collector_trajectories`);
     - pretrain.jsonl: what makes a random tiny model an agent of the domain, one record per agent turn of
       `pretrain_episodes` collecting-policy episodes on tasks of their own (for `score_span = "response"`): it
       learns the domain's messages and to copy what it was told, and starts near the collecting policy."""
@@ -160,11 +167,44 @@ def write_testbed_data(directory: str, s: TestbedSettings, *, num_tasks: int, nu
     tasks = make_tasks(s, num_tasks + num_test_tasks, seed)
     pretrain_tasks = make_tasks(s, pretrain_episodes, f"pretrain-{seed}", prefix="testbed")  # a stream of their own
     rng = random.Random(f"pretrain-{seed}")
-    pretrain = [t for task in pretrain_tasks for t in turn_records(play(s, task, "collector", rng))]
+    pretrain = [t for task in pretrain_tasks for t in turn_records(_scored(play(s, task, "collector", rng)))]
     rng.shuffle(pretrain)
     d = os.fspath(directory)
     return {"train_tasks": write_jsonl(os.path.join(d, "train_tasks.jsonl"), tasks[:num_tasks]),
             "test_tasks": write_jsonl(os.path.join(d, "test_tasks.jsonl"), tasks[num_tasks:]),
-            "train_trajectories": write_jsonl(os.path.join(d, "train_trajectories.jsonl"), collector_trajectories(
-                s, tasks[:num_tasks], rollouts=rollouts, seed=seed)),
             "pretrain": write_jsonl(os.path.join(d, "pretrain.jsonl"), pretrain)}
+
+
+def write_collector_data(path: str, s: TestbedSettings, tasks: list[dict], *, rollouts: int, seed: int = 0) -> dict:
+    """The offline data file (atomically): `collector_trajectories` on `tasks`; returns its recorded and true
+    success rates."""
+    from sweet_jax.files.jsonl import write_jsonl
+
+    records = collector_trajectories(s, tasks, rollouts=rollouts, seed=seed)
+    write_jsonl(path, records)
+    n = max(len(records), 1)
+    return {"trajectories": len(records), "success": sum(r["reward"] >= 1.0 for r in records) / n,
+            "true_success": sum(r["true_reward"] >= 1.0 for r in records) / n}
+
+
+def judged_states(s: TestbedSettings, states: list[dict], tasks: list[dict]) -> dict[str, list[dict]]:
+    """Judge by judge, the states of a best-of-N evaluation (`sweet_jax.best_of_n evaluate`'s OUT.states.jsonl:
+    each state's candidates, the dialogue so far and every judge's scores) with their candidates' true values, in
+    `sweet.credit_diagnostics`'s layout: `truth` (Q*), `truth_collector` (Q under the collecting policy), `kinds`,
+    `turn` and `scores`. The states are the test tasks' states the best-of-N episodes reached; their candidates are
+    the initial policy's samples. A state without its dialogue is an error naming it."""
+    out: dict[str, list[dict]] = {}
+    for i, rec in enumerate(states):
+        if rec.get("kind", "state") != "state":  # the file also keeps the simulated human's replies
+            continue
+        if "history" not in rec:
+            raise ValueError(f"best-of-N state {i + 1} (task {rec.get('task')}) has no dialogue ('history'): it "
+                             f"was written before states kept theirs; rerun the best-of-N evaluation")
+        state = dialogue_state(s, rec["history"])
+        base = {"task": rec["task"], "turn": s.max_steps - state.turns_left,
+                "kinds": [parse_action(m, s.details)[0] for m in rec["candidates"]],
+                "truth": [q_value(s, state, m, "optimal") for m in rec["candidates"]],
+                "truth_collector": [q_value(s, state, m, "collector") for m in rec["candidates"]]}
+        for name, scores in rec["judge"].items():
+            out.setdefault(name, []).append({**base, "scores": scores})
+    return out

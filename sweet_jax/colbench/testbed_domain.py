@@ -6,7 +6,7 @@ terms the task uses: each term's cue is flipped with probability `cue_noise`. Th
 before it must answer (the episode's `max_steps` is budget + 1, and a last turn that is not an answer scores 0).
 
     user:  Write a polynomial function for my data. I think it has a quadratic term and a constant term. ...
-    agent: What is the quadratic term?        human: The coefficient of the quadratic term is 3.
+    agent: What is the quadratic term?        human: The quadratic term is 3 * x ** 2.
     agent: What is the cubic term?            human: There is no cubic term.
     agent: Can you tell me more about it?     human: I am not sure what you mean.        (a vague question)
     agent: I WANT TO ANSWER:\ndef solve(x):\n    return 3 * x ** 2 + 5
@@ -183,8 +183,9 @@ def human_reply(hidden_code: str, message: str) -> str:
     if action[0] != "ask":
         return VAGUE_REPLY
     j = action[1]
-    return (f"The coefficient of the {TERMS[j]} is {coefficients[j]}." if coefficients[j]
-            else f"There is no {TERMS[j]}.")
+    # the term as the answer writes it (`polynomial`), so an agent copies it whole
+    term = polynomial([0] * j + [coefficients[j]])
+    return f"The {TERMS[j]} is {term}." if coefficients[j] else f"There is no {TERMS[j]}."
 
 
 def simulator_reply(task: dict, message: str) -> str:
@@ -237,7 +238,7 @@ class State:
         return State(self.cues, self.told, self.turns_left - 1)
 
 
-_TOLD_RE = re.compile(r"The coefficient of the (.+?) is (\d+)\.|There is no (.+?)\.")
+_TOLD_RE = re.compile(r"The (.+? term) is (\d+)(?: \* x(?: \*\* \d+)?)?\.|There is no (.+?)\.")
 
 
 def dialogue_state(s: TestbedSettings, history: list[dict]) -> State:
@@ -415,8 +416,9 @@ def act(s: TestbedSettings, state: State, policy: str, rng: random.Random) -> st
 def play(s: TestbedSettings, task: dict, policy: str, rng: random.Random,
          agent: Callable[[State], str] | None = None) -> dict:
     """One episode through the real backend episode (`colbench.env.BackendEpisode`: its prompts and turn rules),
-    with the scripted human replying; returns its trajectory record (without a reward)."""
-    ep = BackendEpisode(task, max_steps=s.max_steps, date_header=False)
+    with the scripted human replying; returns its trajectory record (without a reward). Its prompts are those
+    collection and evaluation give a served agent (the chat format's date header included)."""
+    ep = BackendEpisode(task, max_steps=s.max_steps)
     while True:
         state = dialogue_state(s, ep.history)
         message = agent(state) if agent is not None else act(s, state, policy, rng)

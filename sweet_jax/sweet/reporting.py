@@ -24,6 +24,7 @@ import os
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_file, write_text
 from sweet_jax.files.jsonl import read_jsonl
+from sweet_jax.sweet.testbed_report import TESTBED_METHODS, testbed_sections
 
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
@@ -31,7 +32,7 @@ METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "
 FRONTEND_METHODS = {**METHODS, "test": "SWEET-RL (text critic)", "test_vision": "SWEET-RL (vision critic)"}
 BASELINE = "test_zero_shot"  # the frontend win rate's baseline offline: the zero-shot policy's pages
 TRAINING = ("pretrain", "critic", "critic_no_info", "critic_head", "critic_value", "critic_vision", "policy",
-            "policy_vision", "rft", "mtdpo")
+            "policy_vision", "policy_no_info", "policy_sum", "rft", "mtdpo")
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -347,6 +348,12 @@ def write_report(run_dir: str, out: str | None = None) -> str:
                   "deterministic describer of screenshot differences, knows the target page's colours and layout and "
                   "tells them when shown a page. The numbers below are a toy-scale check, not the paper's benchmark.",
                   ""]
+    elif "testbed domain" in str(data.get("source", "")):
+        lines += ["**SYNTHETIC tasks, not ColBench**: the credit-assignment testbed, in which the agent asks a "
+                  "scripted human about the hidden terms of a polynomial, with a request that cues them imperfectly "
+                  "and two questions before it must answer. Every turn's true value is known, so the judges and the "
+                  "policies are measured against the ground truth below. A toy-scale check, not the paper's "
+                  "benchmark.", ""]
     elif "SYNTHETIC" in str(data.get("source", "")):
         lines += ["**SYNTHETIC data, not ColBench**: scripted collaborations in which only the hidden reference code "
                   "holds the constant the answer needs. The numbers below are a toy-scale check, not the paper's "
@@ -358,7 +365,7 @@ def write_report(run_dir: str, out: str | None = None) -> str:
     lines += ["## Results on the test tasks", "",
               "| method | % tests passed | success rate | 95% CI (success) | trajectories |" + extra,
               "|---|---|---|---|---|" + "---|" * ask]
-    evaluated = [(stage, name) for stage, name in METHODS.items() if stage in markers]
+    evaluated = [(stage, name) for stage, name in _methods([run_dir]).items() if stage in markers]
     for stage, name in evaluated:
         s = markers[stage]["summary"]
         n, k = s["trajectories"], round(s["success"] * s["trajectories"])
@@ -385,6 +392,10 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         lines += ["", f"Episodes that open with the good question at N={n_max}: " + ", ".join(cells) + "."]
     if ask:
         lines += ask_turns_section(run_dir, evaluated)
+    if _task_type(run_dir) == "testbed":
+        extra_lines, extra_plots = testbed_sections([run_dir], out)
+        lines += extra_lines
+        plots += extra_plots
     return _finish_report(out, markers, lines, plots)
 
 
@@ -448,12 +459,21 @@ def _finish_report(out: str, markers: dict, lines: list[str], plots: list[str]) 
     return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
 
 
-def _is_frontend(run_dir: str) -> bool:
+def _task_type(run_dir: str) -> str:
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
-        return False
+        return "backend"
     with open(path) as fh:
-        return json.load(fh).get("task_type") == "frontend"
+        return json.load(fh).get("task_type", "backend")
+
+
+def _is_frontend(run_dir: str) -> bool:
+    return _task_type(run_dir) == "frontend"
+
+
+def _methods(run_dirs: list[str]) -> dict[str, str]:
+    """The evaluation stages of the runs' track, by the method they measure, in table order."""
+    return TESTBED_METHODS if all(_task_type(d) == "testbed" for d in run_dirs) else METHODS
 
 
 def _write_frontend_report(run_dir: str, out: str, markers: dict, lines: list[str], plots: list[str]) -> str:
@@ -520,7 +540,7 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
     lines = [f"# Success over {len(runs)} runs", "", "Runs: " + ", ".join(f"{i + 1} = `{d}`" for i, d in
                                                                             enumerate(runs)), "",
              "## Policies on the test tasks (success %)", "", head, rule]
-    for stage, name in METHODS.items():
+    for stage, name in _methods(runs).items():
         cells = []
         for m in markers:
             s = m.get(stage, {}).get("summary")
@@ -544,6 +564,9 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
                         cells.append((round(r[0][sel][n] * count), count))
                 lines.append(row(f"{sel}, N={n}", cells))
     lines += paired_section(runs)
+    if all(_task_type(d) == "testbed" for d in runs):
+        extra_lines, extra_plots = testbed_sections(runs, out)
+        lines += extra_lines + [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in extra_plots]
     return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
 
 
@@ -566,17 +589,18 @@ def paired_section(runs: list[str]) -> list[str]:
     (`sweet.paired_stats.paired_difference`)."""
     from sweet_jax.sweet.paired_stats import paired_difference
 
-    success = {stage: {} for stage in METHODS}
+    methods = _methods(runs)
+    success = {stage: {} for stage in methods}
     for i, d in enumerate(runs):
-        for stage in METHODS:
+        for stage in methods:
             path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
             if os.path.exists(path):
                 success[stage].update({(i, *k): v for k, v in _episode_success(path).items()})
     rows = []
-    for base in ("test_mtdpo", "test_rft", "test_zero_shot"):
-        if success["test"] and success[base] and set(success["test"]) & set(success[base]):
+    for base in ("test_mtdpo", "test_rft", "test_zero_shot", "test_no_info", "test_sum"):
+        if base in success and success["test"] and success[base] and set(success["test"]) & set(success[base]):
             r = paired_difference(success["test"], success[base])
-            rows.append(f"| SWEET-RL - {METHODS[base]} | {100 * r['difference']:+.1f} | "
+            rows.append(f"| SWEET-RL - {methods[base]} | {100 * r['difference']:+.1f} | "
                         f"{100 * r['low']:+.1f} to {100 * r['high']:+.1f} | {r['episodes']} | {r['clusters']} |")
     if not rows:
         return []

@@ -299,6 +299,7 @@ def _play(s: SelectionSettings, episodes: list[SelectionEpisode], part, m: _Mode
                                m.agent, n=ns[-1], seed=[seed_of(*k) for k in keys], placement=m.placement)
             for (r, t, p), samples in zip(keys, results):
                 rec = {"kind": "state", "repeat": r, "task": t, "prompt": p,
+                       "history": [dict(msg) for msg in at[(r, t, p)].history],
                        "candidates": [tok.decode(x.tokens, skip_special_tokens=True) for x in samples],
                        "mean": [sum(x.logprobs) / max(len(x.logprobs), 1) for x in samples],
                        "sum": [sum(x.logprobs) for x in samples]}

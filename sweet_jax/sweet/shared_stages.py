@@ -123,15 +123,24 @@ def stage_sample(run: Run) -> dict:
 
 def stage_rank(run: Run) -> dict:
     r = run.cfg.rank
+    return rank_candidates(run, "rank", run.path("critic", "hf"), run.path("bon", "ranked.jsonl"),
+                           use_sum=bool(r.use_sum), no_info=bool(r.no_info))
+
+
+def rank_candidates(run: Run, stage: str, critic: str, output: str, *, use_sum: bool, no_info: bool) -> dict:
+    """The sampled candidates (RUN/bon/sampled.jsonl) ranked by `critic`'s advantages into `output`: mean or
+    (`use_sum`) summed log-prob ratios, with the information or (`no_info`) without it; the reference and the
+    header as `rank` sets them."""
+    r = run.cfg.rank
     reference = run.policy_init if r.reference == "model" else None
-    with (_maybe_served(run, "rank", run.path("critic", "hf"), "rank") as critic_url,
-          _maybe_served(run, "rank_reference", reference, "reference") as reference_url):
-        run.job("rank", "best_of_n", candidates.RankSettings(
-            critic=run.path("critic", "hf"), input=run.path("bon", "sampled.jsonl"),
-            output=run.path("bon", "ranked.jsonl"), reference=r.reference, reference_model=reference,
-            use_sum=bool(r.use_sum), no_info=bool(r.no_info), no_header=bool(r.no_header), critic_url=critic_url,
-            reference_url=reference_url, mesh=run.backend("rank").mesh or None), subcommand="rank")
-    return {"states": sum(1 for _ in open(run.path("bon", "ranked.jsonl")))}
+    with (_maybe_served(run, stage, critic, "rank") as critic_url,
+          _maybe_served(run, stage + "_reference", reference, "reference") as reference_url):
+        run.job(stage, "best_of_n", candidates.RankSettings(
+            critic=critic, input=run.path("bon", "sampled.jsonl"), output=output, reference=r.reference,
+            reference_model=reference, use_sum=use_sum, no_info=no_info, no_header=bool(r.no_header),
+            critic_url=critic_url, reference_url=reference_url, mesh=run.backend("rank").mesh or None),
+            subcommand="rank")
+    return {"states": sum(1 for _ in open(output))}
 
 
 def stage_pairs(run: Run) -> dict:

@@ -1,7 +1,7 @@
 """The stage runner of `python -m sweet_jax.pipeline`: the `Stage` record, the `Run` (the run directory, the jobs it
 starts as child processes, the servers it keeps), and `run_pipeline`, which runs a track's stages in order or side by
-side. The stages themselves live in one module per track (`backend_stages`, `frontend_stages`), over the stages
-every track shares (`shared_stages`); `stages` picks a run's track.
+side. The stages themselves live in one module per track (`backend_stages`, `frontend_stages`, `testbed_stages`),
+over the stages every track shares (`shared_stages`); `stages` picks a run's track.
 
 - A stage is skipped when its marker `RUN/stages/NAME.json` exists. The marker is written atomically after the
   stage's job succeeded, with its outputs, wall time and summary. The jobs resume themselves after a kill:
@@ -106,13 +106,13 @@ class Run:
     def frontend(self) -> bool:
         """Whether the run is on frontend (design) tasks: `task_type = "frontend"`."""
         task_type = self.cfg.get("task_type", "backend")
-        if task_type not in ("backend", "frontend"):
-            raise StageError(f"task_type must be 'backend' or 'frontend', got {task_type!r}")
+        if task_type not in ("backend", "frontend", "testbed"):
+            raise StageError(f"task_type must be 'backend', 'frontend' or 'testbed', got {task_type!r}")
         return task_type == "frontend"
 
     @property
     def generated_tasks(self) -> bool:
-        return self.cfg.tasks.kind in ("ask", "design")
+        return self.cfg.tasks.kind in ("ask", "design", "testbed")
 
     @property
     def trajectories(self) -> str:
