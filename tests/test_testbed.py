@@ -294,7 +294,8 @@ def test_best_of_n_states_get_each_judges_exact_values_and_the_report_shows_them
                 "history": st["history"], "candidates": st["candidates"],
                 "judge": {"oracle": st["truth"], "shuffled": rng.sample(st["truth"], len(st["truth"]))}}
                for i, st in enumerate(played)]
-    judged = td.judged_states(s, records, tasks)
+    reply = {"kind": "reply", "prompt": "q", "reply": tb.VAGUE_REPLY}  # the states file keeps the replies too
+    judged = td.judged_states(s, [reply, *records], tasks)
     assert [st["truth"] for st in judged["oracle"]] == [st["truth"] for st in played]
     assert [st["truth_collector"] for st in judged["oracle"]] == [st["truth_collector"] for st in played]
     assert [st["turn"] for st in judged["oracle"]] == [st["turn"] for st in played]

@@ -92,3 +92,44 @@ def test_one_testbed_seed_runs_every_stage_and_a_kill_then_the_same_command_lose
                     "## The policies against the optimum", "SWEET-RL, summed advantage", "critic_diagnostics.png"):
         assert heading in report
     assert (run / "report" / "critic_diagnostics.png").exists()
+
+
+def _config(*args):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweet_testbed_tiny", CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(*args)
+
+
+def test_the_testbed_track_runs_each_stage_after_what_it_uses():
+    """`task_type = "testbed"` picks the testbed's stages; every stage comes after the stages it names, the scripted
+    data waits for the pre-trained initial policy (every later stage trains or samples from it), each evaluation
+    after its policy, the diagnostics after best-of-N and every evaluation, and the report last. `:S` sets the
+    seed of everything at once; a bad seed or testbed block is named."""
+    from sweet_jax.sweet import testbed_stages
+    from sweet_jax.sweet.stage_runner import Run, StageError
+    from sweet_jax.sweet.stages import track_stages
+
+    cfg = _config("3")
+    assert (cfg.tasks.seed, cfg.init.seed, cfg.best_of_n_eval.seed) == (3, 3, 3)
+    assert cfg.run_dir.endswith("seed_3") and cfg.inference.roles.simulator == "describer"
+    stages = track_stages(cfg)
+    assert stages is testbed_stages.STAGES
+    names = [s.name for s in stages]
+    assert names == list(STAGES)
+    for i, stage in enumerate(stages):
+        assert all(names.index(a) < i for a in stage.after if a in names), stage.name
+    by_name = {s.name: s for s in stages}
+    assert "pretrain" in by_name["data"].after and "data" in by_name["critic"].after
+    for suffix in ("", "_no_info", "_sum"):
+        assert f"policy{suffix}" in by_name[f"test{suffix}"].after
+    assert set(by_name["diagnostics"].after) >= {"best_of_n", *(n for n in STAGES if n.startswith("test"))}
+    assert names[-1] == "report" and set(by_name["report"].after) == set(names[:-1])
+    with pytest.raises(ValueError, match="sweet_testbed_tiny.py:x: the seed"):
+        _config("x")
+    bad = _config()
+    bad.testbed.cue_noise = 1.5
+    with pytest.raises(StageError, match="`testbed` block: .*cue_noise=1.5"):
+        testbed_stages.settings(Run(bad))

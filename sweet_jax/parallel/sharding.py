@@ -34,6 +34,7 @@ DEFAULT_RULES: Rules = (
     ("norm", None),
     ("cache_seq", None),  # the KV cache's positions
     ("cache_pages", None),  # a paged KV cache's pages (whole on every data shard: paged serving runs at data=1)
+    ("lora_rank", None),  # a low-rank adapter's rank (models/lora.py): small, so whole on every device
 )
 
 def parse_rules(text: str, base: Rules = DEFAULT_RULES) -> Rules:

@@ -11,6 +11,9 @@ run's success rates side by side and pooled over the runs, with 95% Wilson inter
   has a best-of-N evaluation (`eval/best_of_n.json`, from `sweet_jax.best_of_n evaluate`: {"success": {selector:
   {N: rate}}, "episodes": {selector: {N: count}}, ...}).
 
+- On a testbed run (`task_type = "testbed"`), and in its seeds' `seeds.md`: every judge and every policy against the
+  ground truth, as tables and `critic_diagnostics.png` (`sweet.testbed_report`).
+
 The output goes to RUN_DIR/report by default, written atomically file by file.
 """
 
@@ -584,9 +587,9 @@ def _episode_success(path: str) -> dict:
 
 
 def paired_section(runs: list[str]) -> list[str]:
-    """SWEET-RL minus each baseline, in success points, over the episodes both played in every run (the same task,
-    its k-th rollout), with a 95% bootstrap interval over the runs (seeds) and the episodes
-    (`sweet.paired_stats.paired_difference`)."""
+    """SWEET-RL minus each baseline (on the testbed also each actor ablation), in success points, over the episodes
+    both played in every run (the same task, its k-th rollout), with a 95% bootstrap interval over the runs (seeds)
+    and the episodes (`sweet.paired_stats.paired_difference`)."""
     from sweet_jax.sweet.paired_stats import paired_difference
 
     methods = _methods(runs)

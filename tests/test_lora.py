@@ -1,0 +1,100 @@
+"""Low-rank adapters (`sweet_jax.models.lora`) against PEFT itself: the same adapter weights on the same tiny HF
+model give the same logits, in both directions of the adapter format."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from hf_reference import hf_logits, make_hf_llama
+
+from sweet_jax import models
+from sweet_jax.models import lora
+
+peft = pytest.importorskip("peft")
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _peft_model(base, targets, rank=4, alpha=8.0, seed=1):
+    """PEFT's LoRA on `base` with every A and B random (B is zero at PEFT's init, which would test nothing)."""
+    torch.manual_seed(seed)
+    model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(r=rank, lora_alpha=alpha,
+                                                                       target_modules=list(targets),
+                                                                       lora_dropout=0.0))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_peft_adapter_gives_peft_logits_and_round_trips(tmp_path, family):
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    base = make_hf_llama(base_dir, family=family, kv_heads=2, layers=2)
+    model = _peft_model(base, ALL)
+    model.save_pretrained(adapter_dir)
+    tokens = np.random.default_rng(0).integers(0, 257, (2, 12))
+    ref = hf_logits(model, tokens)
+    assert np.abs(ref - hf_logits(base, tokens)).max() > 1e-2  # the adapter changes the model
+
+    cfg = models.load_config(str(base_dir))
+    params = models.load_hf_params(str(base_dir), cfg)
+    adapters, settings = lora.load_peft_adapter(adapter_dir, cfg)
+    assert settings.rank == 4 and settings.scale == 2.0 and set(settings.targets) == set(ALL)
+    ours = np.asarray(models.forward(models.load_hf_params(str(base_dir), cfg, adapter=str(adapter_dir)), cfg, tokens))
+    assert np.array_equal(ours, np.asarray(models.forward(lora.merge(params, adapters, settings), cfg, tokens)))
+    assert np.abs(ours - ref).max() <= 1e-4 and (ours.argmax(-1) == ref.argmax(-1)).all()
+    base_logits = np.asarray(models.forward(params, cfg, tokens))
+    assert np.abs(base_logits - hf_logits(base, tokens)).max() <= 1e-4
+
+    # ours -> PEFT's format -> PEFT loads it onto the base and gives the same logits; -> ours again, bit for bit
+    out = lora.save_peft_adapter(tmp_path / "export", adapters, cfg, settings)
+    reloaded = peft.PeftModel.from_pretrained(copy.deepcopy(base), out).eval()
+    assert np.abs(hf_logits(reloaded, tokens) - ref).max() <= 1e-5
+    again, again_settings = lora.load_peft_adapter(out, cfg)
+    assert again_settings == settings
+    for name in adapters["layers"]:
+        for half in ("a", "b"):
+            assert np.array_equal(np.asarray(again["layers"][name][half]), np.asarray(adapters["layers"][name][half]))
+    first = (tmp_path / "export" / lora.WEIGHTS_FILE).read_bytes()
+    lora.save_peft_adapter(tmp_path / "export2", again, cfg, again_settings)
+    assert (tmp_path / "export2" / lora.WEIGHTS_FILE).read_bytes() == first
+
+
+def test_a_fresh_adapter_is_the_base_model_and_carries_its_weights_axes(tmp_path):
+    import jax
+
+    make_hf_llama(tmp_path / "base", layers=2)
+    cfg = models.load_config(str(tmp_path / "base"))
+    params = models.load_hf_params(str(tmp_path / "base"), cfg)
+    s = lora.LoraSettings(rank=3, alpha=6.0, targets=("q_proj", "o_proj", "down_proj"))
+    adapters = lora.init_adapters(cfg, s, jax.random.key(0))
+    tokens = np.arange(10)[None] % 257
+    assert np.array_equal(np.asarray(models.forward(lora.merge(params, adapters, s), cfg, tokens)),
+                          np.asarray(models.forward(params, cfg, tokens)))
+    axes = lora.adapter_logical_axes(cfg, s)["layers"]
+    assert axes["wq"] == {"a": ("layers", "embed", "lora_rank"), "b": ("layers", "lora_rank", "q_heads", "head_dim")}
+    assert axes["wo"] == {"a": ("layers", "q_heads", "head_dim", "lora_rank"), "b": ("layers", "lora_rank", "embed")}
+    shapes = jax.tree.map(lambda x: x.shape, adapters)
+    assert shapes["layers"]["wo"]["a"] == (2, cfg.num_heads, cfg.head_dim, 3)
+    assert float(np.abs(np.asarray(adapters["layers"]["wq"]["a"])).max()) <= 1 / np.sqrt(cfg.hidden_size)
+
+
+def test_adapters_that_do_not_fit_are_named(tmp_path):
+    import jax
+
+    make_hf_llama(tmp_path / "base", layers=2)
+    cfg = models.load_config(str(tmp_path / "base"))
+    s = lora.LoraSettings(rank=2, targets=("q_proj",))
+    out = lora.save_peft_adapter(tmp_path / "a", lora.init_adapters(cfg, s, jax.random.key(0)), cfg, s)
+    conf = json.loads((tmp_path / "a" / lora.CONFIG_FILE).read_text())
+    (tmp_path / "a" / lora.CONFIG_FILE).write_text(json.dumps({**conf, "use_dora": True}))
+    with pytest.raises(lora.AdapterError, match="field 'use_dora'"):
+        lora.load_peft_adapter(out, cfg)
+    (tmp_path / "a" / lora.CONFIG_FILE).write_text(json.dumps({**conf, "r": 3}))
+    with pytest.raises(lora.AdapterError, match=r"lora_A.weight': shape \(2, 64\), the model needs \(3, 64\)"):
+        lora.load_peft_adapter(out, cfg)
+    with pytest.raises(lora.AdapterError, match="targets must be some of"):
+        lora.LoraSettings(targets=("qkv",))
