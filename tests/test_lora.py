@@ -98,3 +98,37 @@ def test_adapters_that_do_not_fit_are_named(tmp_path):
         lora.load_peft_adapter(out, cfg)
     with pytest.raises(lora.AdapterError, match="targets must be some of"):
         lora.LoraSettings(targets=("qkv",))
+
+
+def test_the_gradient_with_respect_to_the_adapters_equals_central_differences(tmp_path):
+    """The next-token log-likelihood of the adapted model, differentiated through `merge` with respect to A and B
+    only (the base fixed), against central differences along random directions."""
+    import jax
+    import jax.numpy as jnp
+
+    make_hf_llama(tmp_path / "base", layers=2, hidden=32, inter=48, heads=2, kv_heads=1)
+    cfg = models.load_config(str(tmp_path / "base"))
+    params = models.load_hf_params(str(tmp_path / "base"), cfg)
+    s = lora.LoraSettings(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
+    key_a, key_b, key_t = jax.random.split(jax.random.key(0), 3)
+    adapters = lora.init_adapters(cfg, s, key_a)
+    adapters = jax.tree.map(lambda x, k: x + 0.2 * jax.random.normal(k, x.shape), adapters,
+                            jax.tree.unflatten(jax.tree.structure(adapters),
+                                               list(jax.random.split(key_b, len(jax.tree.leaves(adapters))))))
+    tokens = jax.random.randint(key_t, (2, 10), 0, cfg.vocab_size)
+
+    def loglik(ad):
+        logits = models.forward(lora.merge(params, ad, s), cfg, tokens).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits[:, :-1], -1)
+        return jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+
+    grad = jax.grad(loglik)(adapters)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grad))  # A and B of every target get one
+    rng = np.random.default_rng(0)
+    eps = 1e-3
+    for _ in range(3):
+        direction = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), adapters)
+        along = sum(float(jnp.vdot(g, d)) for g, d in zip(jax.tree.leaves(grad), jax.tree.leaves(direction)))
+        plus = loglik(jax.tree.map(lambda x, d: x + eps * d, adapters, direction))
+        minus = loglik(jax.tree.map(lambda x, d: x - eps * d, adapters, direction))
+        assert float(plus - minus) / (2 * eps) == pytest.approx(along, rel=2e-2, abs=1e-4)
