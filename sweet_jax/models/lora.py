@@ -171,6 +171,7 @@ def load_peft_adapter(adapter_dir: str | os.PathLike, cfg: LlamaConfig) -> tuple
     except AdapterError as e:
         raise AdapterError(f"{path}: {e}") from None
     weights = SafetensorsFile(os.path.join(adapter_dir, WEIGHTS_FILE))
+    present = set(weights.keys())
     shapes = adapter_shapes(cfg, s)["layers"]
     out = {}
     for t in s.targets:
@@ -180,7 +181,7 @@ def load_peft_adapter(adapter_dir: str | os.PathLike, cfg: LlamaConfig) -> tuple
             per_layer = []
             for i in range(cfg.num_layers):
                 tensor = _peft_name(t, i, half)
-                if tensor not in weights.keys():
+                if tensor not in present:
                     raise AdapterError(f"{weights.path}: tensor '{tensor}' missing (target {t}, layer {i})")
                 x = np.asarray(weights.get(tensor), np.float32)
                 want = (s.rank, math.prod(shapes[name]["a"][1:-1])) if half == "A" else (

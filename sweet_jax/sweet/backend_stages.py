@@ -29,11 +29,9 @@
 
 from __future__ import annotations
 
-import json
-
-from sweet_jax.sweet import selection
 from sweet_jax.sweet.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
-                                           best_of_n_eval, rewards, stage_collected_data, with_report)
+                                           best_of_n_eval, rewards, stage_collected_data, text_best_of_n,
+                                           with_report)
 from sweet_jax.sweet.stage_runner import Run, Stage, StageError
 
 
@@ -70,28 +68,6 @@ def stage_data(run: Run) -> dict:
     return stage_collected_data(run)
 
 
-def stage_best_of_n(run: Run) -> dict:
-    """Figure 3a: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET critic, the same
-    critic ranking with sums, the critic trained without the information, the regression-head critic, the value
-    function, the initial policy as LLM-as-judge (with the information), and random choice."""
-    e = run.cfg.best_of_n_eval
-    head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
-    judge = selection.judge_spec
-    run.job("best_of_n", "best_of_n", selection.SelectionSettings(
-        policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks,
-        output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
-        max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
-        simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
-            judge("SWEET critic", run.path("critic", "hf"), "critic", *head),
-            judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head),
-            judge("critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
-            judge("regression head", run.path("critic_head", "hf"), "head"),
-            judge("value function", run.path("critic_value", "hf"), "value"),
-            judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
-    with open(run.path("eval", "best_of_n.json")) as fh:
-        return {"success": json.load(fh)["success"]}
-
-
 STAGES = with_report((
     INIT,
     Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
@@ -101,7 +77,7 @@ STAGES = with_report((
     CRITIC,
     # critic ablations and the best-of-N evaluation (Figure 3a)
     *(ablation_stage(name) for name in ABLATIONS),
-    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n, after=("critic", *ABLATIONS),
+    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), text_best_of_n, after=("critic", *ABLATIONS),
           enabled=best_of_n_eval),
     *SWEET_ACTOR,
     *BASELINES,

@@ -1,7 +1,8 @@
 """The stages every track of the pipeline shares, over `stage_runner.Run`: the initial model, its pre-training,
-collection and evaluation through the simulated human, the SWEET critic and its ablations, best-of-N sampling,
-ranking and pairs, the SWEET actor, the baselines (rejection fine-tuning, multi-turn DPO) and the report. A track's
-module (`backend_stages`, `frontend_stages`) lists its stages, these among them, with its own.
+collection and evaluation through the simulated human, the SWEET critic and its ablations, the backend's best-of-N
+evaluation with them as judges (`text_best_of_n`), best-of-N sampling, ranking and pairs, the SWEET actor, the
+baselines (rejection fine-tuning, multi-turn DPO) and the report. A track's module (`backend_stages`,
+`frontend_stages`, `testbed_stages`) lists its stages, these among them, with its own.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import contextlib
 import json
 import os
 
-from sweet_jax.sweet import candidates
+from sweet_jax.sweet import candidates, selection
 from sweet_jax.sweet.stage_runner import ROOT, Run, Stage, StageError
 
 ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
@@ -173,6 +174,28 @@ def stage_report(run: Run) -> dict:
     from sweet_jax.sweet.reporting import write_report
 
     return {"report": write_report(run.dir)}
+
+
+def text_best_of_n(run: Run, simulator_url: str | None = None) -> dict:
+    """Figure 3a on backend tasks: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET
+    critic, the same critic ranking with sums, the critic trained without the information, the regression-head
+    critic, the value function, the initial policy as LLM-as-judge (with the information), and random choice. The
+    simulated human is `run.simulator` in process, or the server at `simulator_url`."""
+    e, judge = run.cfg.best_of_n_eval, selection.judge_spec
+    head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
+    run.job("best_of_n", "best_of_n", selection.SelectionSettings(
+        policy=run.policy_init, simulator=run.simulator, simulator_url=simulator_url, tasks=run.test_tasks,
+        output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+        max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
+        simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
+            judge("SWEET critic", run.path("critic", "hf"), "critic", *head),
+            judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head),
+            judge("critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
+            judge("regression head", run.path("critic_head", "hf"), "head"),
+            judge("value function", run.path("critic_value", "hf"), "value"),
+            judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
+    with open(run.path("eval", "best_of_n.json")) as fh:
+        return {"success": json.load(fh)["success"]}
 
 
 def best_of_n_eval(run: Run) -> bool:

@@ -36,11 +36,14 @@ def _cell(values: list[float | None], scale: float = 1.0, digits: int = 2) -> st
     return f"{mean:.{digits}f} ({min(got):.{digits}f}-{max(got):.{digits}f})"
 
 
-def judges_section(run_dirs: list[str]) -> list[str]:
+def _critics(run_dirs: list[str]) -> list[dict]:
+    return [d for d in (_read(os.path.join(r, "eval", "critic_diagnostics.json")) for r in run_dirs) if d]
+
+
+def judges_section(runs: list[dict]) -> list[str]:
     """The judges' table: per judge, against Q* and against Q under the collecting policy, the rank correlation,
     the top-1 agreement (with chance) and the pairwise accuracy; then the rank correlation against Q* by turn and
-    the pairwise accuracy by action type."""
-    runs = [d for d in (_read(os.path.join(r, "eval", "critic_diagnostics.json")) for r in run_dirs) if d]
+    the pairwise accuracy by action type. `runs`: each run's eval/critic_diagnostics.json."""
     if not runs:
         return []
     judges = list(dict.fromkeys(name for d in runs for name in d))
@@ -77,10 +80,9 @@ def judges_section(run_dirs: list[str]) -> list[str]:
     return lines
 
 
-def judges_plot(run_dirs: list[str], out: str) -> list[str]:
+def judges_plot(runs: list[dict], out: str) -> list[str]:
     """critic_diagnostics.png: per judge, the three measures against Q*, each a bar (the mean over the runs, the
     runs' range as the error bar), and top-1's chance as a line."""
-    runs = [d for d in (_read(os.path.join(r, "eval", "critic_diagnostics.json")) for r in run_dirs) if d]
     if not runs:
         return []
     import matplotlib
@@ -165,4 +167,5 @@ def policies_section(run_dirs: list[str]) -> list[str]:
 
 def testbed_sections(run_dirs: list[str], out: str) -> tuple[list[str], list[str]]:
     """(the report's lines, the plots written to `out`) for testbed runs: the judges and the policies."""
-    return judges_section(run_dirs) + policies_section(run_dirs), judges_plot(run_dirs, out)
+    critics = _critics(run_dirs)
+    return judges_section(critics) + policies_section(run_dirs), judges_plot(critics, out)

@@ -26,11 +26,8 @@ is known. The backend track's plan, with a scripted human and scripted offline d
 
 from __future__ import annotations
 
-import json
-
-from sweet_jax.sweet import selection
 from sweet_jax.sweet.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
-                                           evaluate_policy, rank_candidates, train, with_report)
+                                           evaluate_policy, rank_candidates, text_best_of_n, train, with_report)
 from sweet_jax.sweet.stage_runner import IN_DRIVER, Run, Stage, StageError
 
 # the actor's ablations: stage suffix -> (the critic's stage, rank with sums, rank without the information)
@@ -69,25 +66,9 @@ def stage_data(run: Run) -> dict:
 
 
 def stage_best_of_n(run: Run) -> dict:
-    """Best-of-N on the test tasks with the initial policy fixed: the SWEET critic, its sums, the critic without the
-    information, the regression head, the value function, the initial policy as LLM-as-judge, and random choice;
-    the scripted human served."""
-    e, judge = run.cfg.best_of_n_eval, selection.judge_spec
-    head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
+    """The backend's best-of-N evaluation (`shared_stages.text_best_of_n`), the scripted human served."""
     with run.served("best_of_n_simulator", run.simulator, "simulator") as sim:
-        run.job("best_of_n", "best_of_n", selection.SelectionSettings(
-            policy=run.policy_init, simulator=run.simulator, simulator_url=sim, tasks=run.test_tasks,
-            output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
-            max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
-            simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
-                judge("SWEET critic", run.path("critic", "hf"), "critic", *head),
-                judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head),
-                judge("critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
-                judge("regression head", run.path("critic_head", "hf"), "head"),
-                judge("value function", run.path("critic_value", "hf"), "value"),
-                judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
-    with open(run.path("eval", "best_of_n.json")) as fh:
-        return {"success": json.load(fh)["success"]}
+        return text_best_of_n(run, simulator_url=sim)
 
 
 def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
