@@ -9,6 +9,12 @@ after warm-up.
 
     python bench/dpo_step.py                  # hidden 256, 4 layers, 8 pairs per step
     python bench/dpo_step.py --steps 4 --hidden 64 --layers 1 --tokenizer bundled:llama3-8k
+
+With `--lora R`, both sides train rank-R adapters on every projection (sweet_jax's `lora` settings; TRL with PEFT's
+LoraConfig) with the base frozen, and `--reference` says where the reference comes from: "cached" (a pass over the
+pairs before training, timed per step too: TRL precompute_ref_log_probs=True; sweet_jax's reference cache) or
+"in_step" (every step also runs the base with the adapters off: TRL's default for a PEFT model; sweet_jax's
+loss.reference=recompute).
 """
 
 from __future__ import annotations
@@ -45,16 +51,27 @@ def worker_jax(args) -> dict:
     from sweet_jax.training.defaults import base_config
     from sweet_jax.training.optim import make_optimizer
 
+    from sweet_jax.models import lora
+
     cfg = models.LlamaConfig.from_pretrained(args.ckpt)
     params = models.load_hf_params(args.ckpt, cfg)
+    freeze, in_step = (), args.lora and args.reference == "in_step"
+    if args.lora:
+        cfg = cfg.replace(lora=models.config.LoraSettings(rank=args.lora, alpha=2.0 * args.lora,
+                                                          targets=models.config.LORA_TARGETS))
+        params = {**params, "lora": lora.init_adapters(cfg, cfg.lora, jax.random.key(0))}
+        freeze = obj.frozen_names("", cfg)
     tok = load_tokenizer(args.ckpt)
     builder = ExampleBuilder(tok, 1024, score_span="response")
     pairs = json.load(open(os.path.join(args.ckpt, "pairs.json")))
     c = base_config()
     c.objective, c.loss.reduction, c.loss.beta, c.optim.lr = "dpo", "sum", 0.1, 1e-5
     tx = make_optimizer(c.optim, args.steps, 1)
-    step = obj.make_train_step(tx, objective="dpo", model_cfg=cfg, loss_cfg=c.loss, chunk=512)
-    state = {"params": params, "opt_state": tx.init(params), "step": jax.numpy.zeros((), "int32")}
+    step = obj.make_train_step(tx, freeze, objective="dpo", model_cfg=cfg, loss_cfg=c.loss, chunk=512,
+                               reference_in_step=bool(in_step))
+    state = {"params": params, "opt_state": tx.init(obj.split_params(params, freeze)[0]),
+             "step": jax.numpy.zeros((), "int32")}
+    score = jax.jit(lambda p, b: obj.sequence_scores(p, cfg, b, "sum", 512)[0])
     batches = []
     for s in range(args.steps):
         chunk = pairs[(s * args.pairs) % len(pairs):][:args.pairs]
@@ -62,8 +79,16 @@ def worker_jax(args) -> dict:
               [builder.from_text(p["prompt"], p["rejected"], "bench") for p in chunk]
         b = collate(exs, default_buckets(1024), tok.bos_token_id, gather_buckets=default_buckets(1024, 32))
         b = {k: b[k] for k in obj.MODEL_INPUTS}
-        b["ref"] = np.zeros(2 * len(chunk), np.float32)
+        if not in_step:
+            b["ref"] = np.zeros(2 * len(chunk), np.float32)
         batches.append(b)
+    ref_times = []
+    if args.lora and not in_step:  # the cached reference's pass: the base's scores of every batch, once
+        base = lora.base_of(params)
+        for b in batches:
+            t0 = time.perf_counter()
+            jax.block_until_ready(score(base, b))
+            ref_times.append(time.perf_counter() - t0)
     times = []
     for b in batches:
         t0 = time.perf_counter()
@@ -72,7 +97,7 @@ def worker_jax(args) -> dict:
         times.append(time.perf_counter() - t0)
     tokens = int(sum(b["segment_ids"].sum() for b in batches) / len(batches))
     return {"step_s": statistics.median(times[2:]), "first_s": times[0], "tokens_per_step": tokens,
-            "version": jax.__version__}
+            "ref_s": statistics.median(ref_times[2:]) if ref_times else 0.0, "version": jax.__version__}
 
 
 def worker_trl(args) -> dict:
@@ -89,21 +114,34 @@ def worker_trl(args) -> dict:
     ds = datasets.Dataset.from_list(pairs[:args.steps * args.pairs])
     times: list[float] = []
 
+    peft_config = None
+    if args.lora:
+        import peft
+
+        peft_config = peft.LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0,
+                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                      "down_proj"], task_type="CAUSAL_LM")
     with tempfile.TemporaryDirectory() as out:
         config = DPOConfig(output_dir=out, per_device_train_batch_size=args.pairs, max_steps=args.steps,
-                           learning_rate=1e-5, beta=0.1, loss_type=["sigmoid"], precompute_ref_log_probs=True,
+                           learning_rate=1e-5, beta=0.1, loss_type=["sigmoid"],
+                           precompute_ref_log_probs=not (args.lora and args.reference == "in_step"),
                            max_length=1024, report_to=[], save_strategy="no", logging_strategy="no",
                            use_cpu=True, dataloader_num_workers=0, seed=0)
-        trainer = DPOTrainer(model=model, args=config, train_dataset=ds, processing_class=tok)
+        trainer = DPOTrainer(model=model, args=config, train_dataset=ds, processing_class=tok,
+                             peft_config=peft_config)
         trainer.add_callback(step_timer(times))
+        t0 = time.perf_counter()
         trainer.train()
+        total = time.perf_counter() - t0
     import trl
-    return {"step_s": statistics.median(times[2:]), "first_s": times[0], "version": trl.__version__}
+    # with a precomputed reference, train() first runs the reference pass: what the steps leave of its time
+    ref_s = (total - sum(times)) / args.steps if args.lora and args.reference == "cached" else 0.0
+    return {"step_s": statistics.median(times[2:]), "first_s": times[0], "ref_s": ref_s, "version": trl.__version__}
 
 
 def _child(kind: str, args) -> dict:
     return run_worker(os.path.abspath(__file__), kind, "--ckpt", args.ckpt, "--steps", str(args.steps), "--pairs",
-                      str(args.pairs))
+                      str(args.pairs), "--lora", str(args.lora), "--reference", args.reference)
 
 
 def main(argv=None) -> int:
@@ -114,6 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--tokenizer", default="bundled:llama3",
                     help="a tokenizer directory or bundled:NAME; the model's vocabulary is its size")
+    ap.add_argument("--lora", type=int, default=0, help="train rank-R adapters on a frozen base (0: full model)")
+    ap.add_argument("--reference", choices=["cached", "in_step"], default="cached",
+                    help="with --lora: the reference from a pass before training, or in every step (adapters off)")
     ap.add_argument("--worker", choices=["jax", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -147,9 +188,17 @@ def main(argv=None) -> int:
     print(f"shape: Llama d{args.hidden} L{args.layers} V{hf_cfg.vocab_size}, {args.pairs} pairs/step "
           f"(~{ours['tokens_per_step']} tokens), f32, {os.cpu_count()} cores; jax {ours['version']}, "
           f"trl {trl['version']}, torch {torch.__version__}")
-    print(f"sweet_jax: {ours['step_s'] * 1e3:8.0f} ms/step (first step incl. compile {ours['first_s']:.1f} s)")
-    print(f"TRL      : {trl['step_s'] * 1e3:8.0f} ms/step (first step {trl['first_s']:.1f} s)")
+    if args.lora:
+        print(f"LoRA rank {args.lora} on every projection, base frozen; reference: {args.reference}")
+    print(f"sweet_jax: {ours['step_s'] * 1e3:8.0f} ms/step (first step incl. compile {ours['first_s']:.1f} s)"
+          + (f"; reference pass {ours['ref_s'] * 1e3:.0f} ms per step's pairs" if ours["ref_s"] else ""))
+    print(f"TRL      : {trl['step_s'] * 1e3:8.0f} ms/step (first step {trl['first_s']:.1f} s)"
+          + (f"; reference pass {trl['ref_s'] * 1e3:.0f} ms per step's pairs" if trl["ref_s"] else ""))
     print(f"ratio sweet_jax / TRL: {trl['step_s'] / ours['step_s']:.2f}x faster (target >= 3x)")
+    if args.lora and args.reference == "cached":
+        epoch = lambda r: r["step_s"] + r["ref_s"]  # noqa: E731 - one epoch: every step, and the pass once
+        print(f"one epoch with the reference pass: sweet_jax {epoch(ours) * 1e3:.0f} ms/step, TRL "
+              f"{epoch(trl) * 1e3:.0f} ms/step ({epoch(trl) / epoch(ours):.2f}x)")
     return 0
 
 

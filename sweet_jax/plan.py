@@ -82,7 +82,7 @@ def main(argv) -> int:
         if cfg.model.hf_path and not os.path.isdir(cfg.model.hf_path):
             arch_note = f" (preset {cfg.model.preset}: {cfg.model.hf_path} is not here)"
             cfg.model.hf_path = ""
-        model_cfg = trainer.model_config(cfg.model, cfg.objective, cfg.get("tokenizer_path"))
+        model_cfg = trainer.model_config(cfg.model, cfg.objective, cfg.get("tokenizer_path"), cfg.get("lora"))
         seq_len = FLAGS.seq_len or int(cfg.data.max_len)
         mesh = sharding.make_mesh(sizes)
         result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search,

@@ -112,3 +112,29 @@ def run_then_kill(cmd: list[str], partial, lines: int, timeout: float, what: str
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def train_then_kill(cmd: list[str], run_dir, step: int, timeout: float) -> int:
+    """Start a `sweet_jax.train` command and SIGKILL it once `run_dir` holds a committed checkpoint at `step` or
+    later (not Orbax's temporary directories); returns that checkpoint's step. Fails if the job ends first."""
+    import glob
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    killed_at = None
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            names = [os.path.basename(p) for p in glob.glob(os.path.join(str(run_dir), "checkpoints", "[0-9]*"))]
+            steps = [int(n) for n in names if n.isdigit()]
+            if steps and max(steps) >= step:
+                killed_at = max(steps)
+                break
+            time.sleep(0.05)
+    finally:  # also when the test's time limit interrupts the wait
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert killed_at is not None, f"the job ended (or ran past {timeout:.0f} s) before a checkpoint at step {step}"
+    return killed_at

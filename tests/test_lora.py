@@ -48,6 +48,12 @@ def test_a_peft_adapter_gives_peft_logits_and_round_trips(tmp_path, family):
     assert np.abs(ours - ref).max() <= 1e-4 and (ours.argmax(-1) == ref.argmax(-1)).all()
     base_logits = np.asarray(models.forward(params, cfg, tokens))
     assert np.abs(base_logits - hf_logits(base, tokens)).max() <= 1e-4
+    # the training form: adapters beside the base weights, each projection adding its (x A) B, scanned over layers;
+    # and the inference layout, which carries them per layer
+    adapted, cfg_lora = {**params, "lora": adapters}, cfg.replace(lora=settings)
+    for p in (adapted, models.unstack_layers(adapted)):
+        unmerged = np.asarray(models.forward(p, cfg_lora, tokens))
+        assert np.abs(unmerged - ref).max() <= 1e-4 and (unmerged.argmax(-1) == ref.argmax(-1)).all()
 
     # ours -> PEFT's format -> PEFT loads it onto the base and gives the same logits; -> ours again, bit for bit
     out = lora.save_peft_adapter(tmp_path / "export", adapters, cfg, settings)
@@ -96,13 +102,15 @@ def test_adapters_that_do_not_fit_are_named(tmp_path):
     (tmp_path / "a" / lora.CONFIG_FILE).write_text(json.dumps({**conf, "r": 3}))
     with pytest.raises(lora.AdapterError, match=r"lora_A.weight': shape \(2, 64\), the model needs \(3, 64\)"):
         lora.load_peft_adapter(out, cfg)
-    with pytest.raises(lora.AdapterError, match="targets must be some of"):
+    with pytest.raises(models.ConfigError, match="targets must be distinct names among q_proj"):
         lora.LoraSettings(targets=("qkv",))
+    assert lora.LoraSettings(targets="o_proj, q_proj").targets == ("q_proj", "o_proj")
 
 
 def test_the_gradient_with_respect_to_the_adapters_equals_central_differences(tmp_path):
-    """The next-token log-likelihood of the adapted model, differentiated through `merge` with respect to A and B
-    only (the base fixed), against central differences along random directions."""
+    """The next-token log-likelihood of the adapted model as training runs it (the adapters beside the base weights,
+    `cfg.lora`), differentiated with respect to A and B only (the base fixed), against central differences along
+    random directions; its value is the merged model's."""
     import jax
     import jax.numpy as jnp
 
@@ -117,10 +125,13 @@ def test_the_gradient_with_respect_to_the_adapters_equals_central_differences(tm
                                                list(jax.random.split(key_b, len(jax.tree.leaves(adapters))))))
     tokens = jax.random.randint(key_t, (2, 10), 0, cfg.vocab_size)
 
-    def loglik(ad):
-        logits = models.forward(lora.merge(params, ad, s), cfg, tokens).astype(jnp.float32)
+    def loglik(ad, merged=False):
+        logits = (models.forward(lora.merge(params, ad, s), cfg, tokens) if merged else
+                  models.forward({**params, "lora": ad}, cfg.replace(lora=s), tokens)).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits[:, :-1], -1)
         return jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+
+    assert float(loglik(adapters)) == pytest.approx(float(loglik(adapters, merged=True)), abs=1e-5)
 
     grad = jax.grad(loglik)(adapters)
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grad))  # A and B of every target get one
@@ -132,3 +143,48 @@ def test_the_gradient_with_respect_to_the_adapters_equals_central_differences(tm
         plus = loglik(jax.tree.map(lambda x, d: x + eps * d, adapters, direction))
         minus = loglik(jax.tree.map(lambda x, d: x - eps * d, adapters, direction))
         assert float(plus - minus) / (2 * eps) == pytest.approx(along, rel=2e-2, abs=1e-4)
+
+
+def test_the_reference_with_adapters_off_equals_a_separately_loaded_base(tmp_path):
+    """The critic's / DPO's reference computed in the step (`reference_with_adapters_off`: the same arrays, the
+    adapters off) gives the separately loaded base model's scores, so the in-step loss and its gradient equal those
+    of the cached reference (the base's scores in the batch)."""
+    import jax
+    import ml_collections
+
+    from sweet_jax.training import steps
+
+    make_hf_llama(tmp_path / "base", layers=2)
+    cfg = models.load_config(str(tmp_path / "base"))
+    s = lora.LoraSettings(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "down_proj"))
+    cfg_lora = cfg.replace(lora=s)
+    adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(cfg_lora, s, jax.random.key(0)))  # B != 0
+    params = {**models.load_hf_params(str(tmp_path / "base"), cfg), "lora": adapters}
+    separate = models.load_hf_params(str(tmp_path / "base"), cfg)
+    rng = np.random.default_rng(0)
+    B, T, S = 4, 16, 6  # 2 pairs
+    batch = {"tokens": rng.integers(0, 257, (B, T)).astype(np.int32),
+             "positions": np.tile(np.arange(T, dtype=np.int32), (B, 1)), "segment_ids": np.ones((B, T), np.int32),
+             "gather_pos": np.tile(np.arange(T - S, T, dtype=np.int32), (B, 1)),
+             "gather_score": np.ones((B, S), bool), "gather_nll": np.ones((B, S), bool),
+             "gather_turn": np.zeros((B, S), np.int32)}
+    off = steps.reference_with_adapters_off(params, cfg_lora, batch, "trajectory_mean", 8)
+    base = steps.sequence_scores(separate, cfg, batch, "trajectory_mean", 8)[0]
+    adapted = steps.sequence_scores(params, cfg_lora, batch, "trajectory_mean", 8)[0]
+    assert np.array_equal(np.asarray(off), np.asarray(base))
+    assert np.abs(np.asarray(adapted) - np.asarray(base)).min() > 1e-3  # the adapters are on otherwise
+
+    loss_cfg = ml_collections.ConfigDict(dict(beta=0.5, reduction="trajectory_mean", nll_coef=0.01))
+    for objective in ("critic", "dpo"):
+        kw = dict(objective=objective, model_cfg=cfg_lora, loss_cfg=loss_cfg, chunk=8)
+
+        def loss(ad, in_step, kw=kw):
+            b = batch if in_step else {**batch, "ref": base}
+            return steps.loss_fn({**lora.base_of(params), "lora": ad}, b, reference_in_step=in_step, **kw)[0]
+
+        (l_in, g_in), (l_cached, g_cached) = (jax.value_and_grad(loss)(adapters, f) for f in (True, False))
+        assert float(l_in) == pytest.approx(float(l_cached), abs=1e-6)
+        for a, b in zip(jax.tree.leaves(g_in), jax.tree.leaves(g_cached)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    with pytest.raises(ValueError, match="needs adapters"):
+        steps.reference_with_adapters_off(separate, cfg, batch, "trajectory_mean", 8)

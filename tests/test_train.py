@@ -3,16 +3,15 @@
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import budget
 import numpy as np
 import pytest
 import safetensors.numpy
 from multidevice import run_processes
+from system import train_then_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,22 +46,8 @@ def test_kill_9_then_resume_gives_identical_params(tmp_path):
     assert total >= 10
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_cmd("critic_tiny.py", out), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + budget.time_left()
-    killed_at = None
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            names = [os.path.basename(p) for p in glob.glob(str(out / "checkpoints" / "[0-9]*"))]
-            steps = [int(n) for n in names if n.isdigit()]  # committed checkpoints, not Orbax's temp dirs
-            if steps and max(steps) >= 4:
-                killed_at = max(steps)
-                break
-            time.sleep(0.05)
-    finally:  # also when the test's time limit interrupts the wait
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert killed_at is not None and killed_at < total, "the job finished before it could be killed"
+    killed_at = train_then_kill(_cmd("critic_tiny.py", out), out, 4, budget.time_left())
+    assert killed_at < total, "the job finished before it could be killed"
     assert not (out / "metrics.json").exists()
 
     resumed = _run("critic_tiny.py", out)

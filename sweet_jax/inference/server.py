@@ -16,6 +16,8 @@ log = logging.getLogger("sweet_jax.serve")
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
     model: str = flag(help="HF checkpoint directory, or a sweet_jax.train run directory", required=True)
+    adapter: str | None = flag(None, help="a PEFT LoRA adapter directory on top of --model (an HF directory), "
+                                          "merged into its weights at load")
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
     chat_format: str | None = flag(None, help="how /v1/chat/completions writes the conversation: 'template' (the "
                                               "tokenizer's own chat template), 'llama3' or 'chatml' (default: the "
@@ -54,7 +56,7 @@ def serve(s: ServeSettings) -> None:
 
     placement = Placement.build(s.mesh)
     loaded = models.load_model(s.model, compute_dtype(s.dtype), inference_layout=True,
-                               shardings=placement.stacked_shardings)
+                               shardings=placement.stacked_shardings, adapter=s.adapter)
     engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=s.chat_format,
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),

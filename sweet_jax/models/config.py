@@ -39,6 +39,39 @@ class ConfigError(ValueError):
     """A config.json (or a preset override) that sweet_jax cannot run faithfully."""
 
 
+# LoRA's target names, as PEFT names them (the HF module names), in the decoder's order
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapters on some of the decoder's projections (`models.lora`): W' = W + (alpha / rank) A B, with
+    dropout on the adapters' input during training. An execution setting: the checkpoint is the base model."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def __post_init__(self):
+        if isinstance(self.targets, str) or not isinstance(self.targets, tuple):
+            object.__setattr__(self, "targets", tuple(
+                t.strip() for t in (self.targets.split(",") if isinstance(self.targets, str) else self.targets)
+                if t.strip()))
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ConfigError(f"LoRA targets must be distinct names among {', '.join(LORA_TARGETS)}, got "
+                              f"{list(self.targets)}")
+        if self.rank < 1 or not 0 <= self.dropout < 1:
+            raise ConfigError(f"LoRA rank must be >= 1 and dropout in [0, 1), got rank={self.rank}, "
+                              f"dropout={self.dropout}")
+        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in self.targets))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """Llama-3 ('llama3') frequency-dependent RoPE scaling."""
@@ -78,6 +111,8 @@ class LlamaConfig:
     compute_dtype: str = "float32"
     remat_policy: str = "none"
     attention_impl: str = "auto"
+    # low-rank adapters (`models.lora`): the params then hold a "lora" entry, trained while the rest stays fixed
+    lora: LoraSettings | None = None
 
     def __post_init__(self):
         if self.head_dim is None:

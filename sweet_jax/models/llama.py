@@ -17,6 +17,7 @@ Parameter layout (leading `L` = stacked layers, applied with `lax.scan`):
     final_norm  [D]                 ("norm",)
     lm_head     [D, V]              ("embed", "vocab")   -- absent when tie_word_embeddings or score_head
     score       [D]                 ("embed",)           -- score_head only: a scalar value per token
+    lora/layers/<weight>/{a, b}                          -- `cfg.lora` only: low-rank adapters (`models.lora`), f32
 
 Heads keep HF's half-split RoPE layout, so HF q/k weights load without permutation.
 """
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from sweet_jax.models import qwen2_vl
+from sweet_jax.models import lora_layers, qwen2_vl
 from sweet_jax.models.attention import attention, cached_attention, paged_decode_attention, prefix_shared_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
@@ -65,6 +66,8 @@ def param_logical_axes(cfg: LlamaConfig) -> Params:
         axes["lm_head"] = ("embed", "vocab")
     if _vision(cfg) is not None:
         axes["visual"] = qwen2_vl.vision_param_logical_axes(cfg.vision)
+    if cfg.lora is not None:
+        axes["lora"] = lora_layers.adapter_axes_of(axes["layers"], cfg.lora)
     return axes
 
 
@@ -95,6 +98,8 @@ def param_shapes(cfg: LlamaConfig) -> Params:
         shapes["lm_head"] = (d, v)
     if _vision(cfg) is not None:
         shapes["visual"] = qwen2_vl.vision_param_shapes(cfg.vision)
+    if cfg.lora is not None:
+        shapes["lora"] = lora_layers.adapter_shapes_of(shapes["layers"], cfg.lora)
     return shapes
 
 
@@ -106,11 +111,12 @@ def _vision(cfg: LlamaConfig):
 def abstract_params(cfg: LlamaConfig, shardings=None) -> Params:
     """Pytree of `jax.ShapeDtypeStruct` (optionally with shardings), for AOT compilation and Orbax restores."""
     shapes = param_shapes(cfg)
-    dtype = jnp.dtype(cfg.param_dtype)
+    dtypes = {k: jnp.dtype(lora_layers.DTYPE if k == "lora" else cfg.param_dtype) for k in shapes}
     if shardings is None:
-        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), shapes, is_leaf=_is_shape)
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, dtype, sharding=sh), shapes, shardings,
-                        is_leaf=_is_shape)
+        return {k: jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtypes[k]), v, is_leaf=_is_shape)
+                for k, v in shapes.items()}
+    return {k: jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, dtypes[k], sharding=sh), v, shardings[k],
+                            is_leaf=_is_shape) for k, v in shapes.items()}
 
 
 def _is_shape(x) -> bool:
@@ -118,7 +124,12 @@ def _is_shape(x) -> bool:
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, std: float = 0.02) -> Params:
-    """Random params: normal(0, std) matrices, unit norms (and zero norm biases), in `cfg.param_dtype`."""
+    """Random params: normal(0, std) matrices, unit norms (and zero norm biases), in `cfg.param_dtype`; with
+    `cfg.lora`, fresh adapters too (`lora_layers.init_adapters_of`: the model starts as its base, whose weights do
+    not depend on the adapters)."""
+    if cfg.lora is not None:
+        return {**init_params(cfg.replace(lora=None), key, std),
+                "lora": lora_layers.init_adapters_of(param_shapes(cfg)["lora"], jax.random.fold_in(key, 1))}
     shapes = param_shapes(cfg)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0]]
@@ -179,9 +190,21 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     `prefix` = (k [1,K,H,P], v [1,K,P,H], segment_ids [1,P]) instead, the rows attend over that one shared prefix,
     never copied, and then causally over their own tokens; returns x."""
     dt = jnp.dtype(cfg.compute_dtype)
+    layer = dict(layer)
+    dropout_key = layer.pop("lora_dropout_key", None)  # training with adapter dropout (`_with_adapters`)
     w = jax.tree.map(lambda p: p.astype(dt), layer)
+    adapters = w.get("lora", {})
+
+    def adapted(y, inputs, name):  # a projection's output plus its adapter's term, when it has one
+        if name not in adapters:
+            return y
+        if dropout_key is not None:
+            key = jax.random.fold_in(dropout_key, sorted(adapters).index(name))  # a mask of its own per projection
+            inputs = lora_layers.dropout(inputs, cfg.lora.dropout, key)
+        return y + lora_layers.delta(inputs, adapters[name], cfg.lora.scale)
+
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = (jnp.einsum("btd,dkh->btkh", h, w[name]) for name in ("wq", "wk", "wv"))
+    q, k, v = (adapted(jnp.einsum("btd,dkh->btkh", h, w[name]), h, name) for name in ("wq", "wk", "wv"))
     if cfg.qkv_bias:
         q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
     q, k, v = (checkpoint_name(x, name) for x, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")))
@@ -191,16 +214,16 @@ def _decoder_layer(cfg: LlamaConfig, x, layer: Params, cos, sin, segment_ids, kv
     with jax.named_scope("attention"):  # the ops' names say so (`bench/profile_step.py` groups by them)
         a, kv_out = _attend_layer(cfg, q, k, v, segment_ids, kv, branch_ids, window, prefix)
     if kv is None and prefix is None:
-        x = x + jnp.einsum("btnh,nhd->btd", a, w["wo"])
+        x = x + adapted(jnp.einsum("btnh,nhd->btd", a, w["wo"]), a, "wo")
     else:  # flattened heads: left to choose, XLA:CPU re-laid wo out at every decode step to match the activation
         b, t, n, hd = a.shape
-        x = x + jnp.einsum("btx,xd->btd", a.reshape(b, t, n * hd), w["wo"].reshape(n * hd, -1))
+        x = x + adapted(jnp.einsum("btx,xd->btd", a.reshape(b, t, n * hd), w["wo"].reshape(n * hd, -1)), a, "wo")
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
-    g = jnp.einsum("btd,df->btf", h, w["w_gate"])
-    u = jnp.einsum("btd,df->btf", h, w["w_up"])
+    g = adapted(jnp.einsum("btd,df->btf", h, w["w_gate"]), h, "w_gate")
+    u = adapted(jnp.einsum("btd,df->btf", h, w["w_up"]), h, "w_up")
     m = constrain(swiglu(g, u), ("batch", "seq", "mlp"))
-    x = x + jnp.einsum("btf,fd->btd", m, w["w_down"])
+    x = x + adapted(jnp.einsum("btf,fd->btd", m, w["w_down"]), m, "w_down")
     x = constrain(x, ("batch", "act_seq", "act_embed"))
     return x if kv is None else (x, kv_out)
 
@@ -312,7 +335,7 @@ def _with_images(params: Params, cfg: LlamaConfig, x, tokens, images):
 
 
 def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None,
-                   branch_ids=None, images=None) -> jnp.ndarray:
+                   branch_ids=None, images=None, dropout_key=None) -> jnp.ndarray:
     """Final (post-norm) hidden states [B, T, D] in `cfg.compute_dtype`.
 
     positions: int [B, T] RoPE positions (default 0..T-1). For a left-padded batch pass the per-row positions.
@@ -323,6 +346,7 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
     positions are then M-RoPE positions [3, B, T] (`qwen2_vl.mrope_positions`, worked out here when not given and
     the tokens are concrete). Without images, [B, T] positions are plain RoPE, equal to M-RoPE on equal rows.
     Stacked layers (training) run under `lax.scan`; the inference layout (`unstack_layers`) runs them in turn.
+    dropout_key: training with adapters (`cfg.lora`) whose dropout is on: the key of this step's dropout masks.
     """
     positions, segment_ids = _check_inputs(cfg, tokens, positions, segment_ids, branch_ids, images)
     dt = jnp.dtype(cfg.compute_dtype)
@@ -333,13 +357,26 @@ def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, seg
     if cfg.remat_policy != "none":
         layer_fn = jax.checkpoint(layer_fn, policy=_REMAT[cfg.remat_policy], prevent_cse=False)
 
-    if isinstance(params["layers"], (tuple, list)):  # the inference layout (`unstack_layers`)
-        for layer in params["layers"]:
+    layers = _with_adapters(params)
+    if dropout_key is not None and cfg.lora is not None and cfg.lora.dropout > 0 and "lora" in params:
+        if isinstance(layers, (tuple, list)):
+            raise ValueError("adapter dropout is for training, on the stacked layers")
+        layers = {**layers, "lora_dropout_key": jax.random.split(dropout_key, cfg.num_layers)}
+    if isinstance(layers, (tuple, list)):  # the inference layout (`unstack_layers`)
+        for layer in layers:
             x = layer_fn(x, layer, cos, sin, segment_ids, None, branch_ids)
     else:
         x, _ = jax.lax.scan(lambda carry, layer: (layer_fn(carry, layer, cos, sin, segment_ids, None, branch_ids),
-                                                  None), x, params["layers"])
+                                                  None), x, layers)
     return rms_norm(x, params["final_norm"].astype(dt), cfg.rms_norm_eps)
+
+
+def _with_adapters(params: Params):
+    """The stacked layers with each layer's adapters (`cfg.lora`) beside its weights, under "lora"; the layers as
+    they are without adapters, or in the inference layout (which carries them per layer already)."""
+    if "lora" not in params or isinstance(params["layers"], (tuple, list)):
+        return params["layers"]
+    return {**params["layers"], "lora": params["lora"]["layers"]}
 
 
 def unstack_layers(params: Params) -> Params:
@@ -348,12 +385,14 @@ def unstack_layers(params: Params) -> Params:
     Training scans over the stacked layers. Decoding runs one token through every layer at each step, and slicing a
     layer out of the stack copies its weights at every step (XLA:CPU measured: the copies took longer than the
     matmuls). Unstacked, each layer is its own array and nothing is copied. This makes new arrays: drop the stacked
-    params afterwards to keep one copy in memory. Params already unstacked are returned as they are."""
-    layers = params["layers"]
+    params afterwards to keep one copy in memory. Params already unstacked are returned as they are. Adapters go
+    with their layers (each layer dict's "lora"); merge them first (`models.lora.merged`) to decode at the base's
+    speed."""
+    layers = _with_adapters(params)
     if isinstance(layers, (tuple, list)):
         return params
     n = jax.tree.leaves(layers)[0].shape[0]
-    return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
+    return {**lora_layers.base_of(params), "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
 
 
 def init_cache(cfg: LlamaConfig, batch: int, size: int, dtype=None) -> dict:

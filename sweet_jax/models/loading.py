@@ -11,8 +11,8 @@ import os
 from typing import NamedTuple
 
 from sweet_jax import chat
-from sweet_jax.models import llama
-from sweet_jax.models.config import ConfigError
+from sweet_jax.models import llama, lora
+from sweet_jax.models.config import ConfigError, LoraSettings
 from sweet_jax.models.families import family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import load_hf_params
 
@@ -25,14 +25,24 @@ class ModelLoadError(RuntimeError):
     """A model directory that is neither an HF checkpoint nor a finished training run."""
 
 
-def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None = None):
+def lora_settings(section) -> LoraSettings | None:
+    """A job's `lora` settings (rank, alpha, dropout, comma-separated targets) as `LoraSettings`; None when absent
+    or rank 0 (no adapters)."""
+    if section is None or not int(section.get("rank", 0)):
+        return None
+    return LoraSettings(rank=int(section.rank), alpha=float(section.alpha), dropout=float(section.dropout),
+                        targets=section.targets)
+
+
+def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None = None, lora=None):
     """The model config of a job's `model` settings (see `training.defaults`): the checkpoint's config.json
     (`model.hf_path`) or a preset (`model.preset`, `model.preset_overrides`), with the execution settings (dtypes,
-    remat policy, attention implementation). `score_head` puts a scalar score head in place of the LM head, whose
-    pad token is looked up in the job's tokenizer (`tokenizer`, else the model's, else the bundled one)."""
+    remat policy, attention implementation, and the job's `lora` section's adapters). `score_head` puts a scalar
+    score head in place of the LM head, whose pad token is looked up in the job's tokenizer (`tokenizer`, else the
+    model's, else the bundled one)."""
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                     score_head=score_head)
+                     score_head=score_head, lora=lora_settings(lora))
     if model_cfg.hf_path:
         if not os.path.isdir(model_cfg.hf_path):
             raise ConfigError(
@@ -79,38 +89,64 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = False,
-               shardings=None) -> LoadedModel:
+               shardings=None, adapter: str | None = None) -> LoadedModel:
     """The model at `path`: an HF checkpoint directory, or a training run directory of `sweet_jax.train` (its latest
     Orbax checkpoint; only the params are restored). `dtype` is the compute dtype; `inference_layout` returns the
     params unstacked, per layer (`models.unstack_layers`), and stored in the compute dtype (bf16 weights for a bf16
     server). `shardings(cfg)` (for example `inference.placement.Placement.stacked_shardings`) gives the shardings of
-    the stacked params: each array is then read straight onto its devices."""
+    the stacked params: each array is then read straight onto its devices.
+
+    Adapters are merged into the weights they adapt (`models.lora`), so the model runs at its base's speed: a LoRA
+    training run's (its base, from the run's model settings, plus its checkpoint's adapters), or `adapter`, a PEFT
+    LoRA adapter directory on top of an HF checkpoint at `path`."""
     import ml_collections
     import orbax.checkpoint as ocp
 
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
+        if adapter:
+            raise ModelLoadError(f"{path} is a training run; an adapter ({adapter}) goes on an HF checkpoint")
         with open(os.path.join(path, "config.json")) as fh:
             run = ml_collections.ConfigDict(json.load(fh))
         score_head = run.get("objective", "") in SCORE_HEAD_OBJECTIVES
-        cfg = model_config(run.model, score_head=score_head, tokenizer=run.get("tokenizer_path")).replace(
-            compute_dtype=dtype)
+        cfg = model_config(run.model, score_head=score_head, tokenizer=run.get("tokenizer_path"),
+                           lora=run.get("lora")).replace(compute_dtype=dtype)
         if inference_layout:
             cfg = cfg.replace(param_dtype=dtype)
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
         step = manager.latest_step()
         if step is None:
             raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
-        abstract = {"params": llama.abstract_params(cfg, shardings(cfg) if shardings else None)}
-        params = manager.restore(step, args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True))["params"]
+        place = shardings(cfg) if shardings else None
+        abstract = llama.abstract_params(cfg, place)
+        if cfg.lora is not None:  # the checkpoint holds the adapters; the base comes from where training took it
+            abstract = {"lora": abstract["lora"]}
+        params = manager.restore(step, args=ocp.args.PyTreeRestore(item={"params": abstract},
+                                                                   partial_restore=True))["params"]
+        if cfg.lora is not None:
+            params = lora.merge(_run_base(run.model, cfg.replace(lora=None), place), params["lora"], cfg.lora)
+            cfg = cfg.replace(lora=None)
         log.info("loaded %s step %d", path, step)
         tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
     elif os.path.exists(os.path.join(path, "config.json")):
         cfg = load_config(path, compute_dtype=dtype)
         if inference_layout:
             cfg = cfg.replace(param_dtype=dtype)
-        params = load_hf_params(path, cfg, dtype=cfg.param_dtype, shardings=shardings(cfg) if shardings else None)
+        params = load_hf_params(path, cfg, dtype=cfg.param_dtype, shardings=shardings(cfg) if shardings else None,
+                                adapter=adapter or None)
         tokenizer = path if chat.has_tokenizer(path) else None
     else:
         raise ModelLoadError(f"{path}: neither an HF checkpoint directory (config.json + *.safetensors) nor a "
                              f"sweet_jax training run (config.json + checkpoints/)")
     return LoadedModel(cfg, llama.unstack_layers(params) if inference_layout else params, tokenizer)
+
+
+def _run_base(model_section, cfg, shardings) -> dict:
+    """The base model of a LoRA training run, as its trainer built it: its HF checkpoint, or the random init of its
+    seed (`training.trainer.load_params`)."""
+    import jax
+
+    base_shardings = lora.base_of(shardings) if shardings else None
+    if model_section.get("hf_path"):
+        return load_hf_params(model_section.hf_path, cfg, dtype=cfg.param_dtype, shardings=base_shardings)
+    init = jax.jit(llama.init_params, static_argnums=(0, 2), out_shardings=base_shardings)
+    return init(cfg, jax.random.key(model_section.init_seed), model_section.init_std)

@@ -9,7 +9,9 @@ an adapter as it shards its base weight:
     wo: a [L, N, H, r] ("layers", "q_heads", "head_dim", "lora_rank")    b [L, r, D] ("layers", "lora_rank", "embed")
 
 Targets are named as PEFT names them (the HF module names): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-down_proj. `merge` gives the adapted parameters, which every forward function takes as they are. PEFT's adapter
+down_proj. A model config with `lora` settings (`models.config.LoraSettings`) has the adapters in its params, under
+"lora": the forward adds each projection's (x A) B term (`lora_layers`) and training updates them alone, the base
+fixed. `merge` gives plain adapted parameters instead, for inference and export. PEFT's adapter
 directory is `adapter_config.json` + `adapter_model.safetensors` with `lora_A.weight` [r, in] and `lora_B.weight`
 [out, r] per module (`save_peft_adapter`, `load_peft_adapter`); like PEFT, a fresh adapter has B = 0, so it starts
 as the base model.
@@ -17,7 +19,6 @@ as the base model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -26,80 +27,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.config import ConfigError, LlamaConfig, LoraSettings
+from sweet_jax.models.lora_layers import (DTYPE, TARGETS, adapter_axes_of, adapter_shapes_of, base_of,  # noqa: F401
+                                          init_adapters_of)
 
 Params = dict
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-# PEFT's target name -> (our weight, how many of its leading dims after the layer axis are inputs, HF module path)
-TARGETS = {
-    "q_proj": ("wq", 1, "self_attn.q_proj"), "k_proj": ("wk", 1, "self_attn.k_proj"),
-    "v_proj": ("wv", 1, "self_attn.v_proj"), "o_proj": ("wo", 2, "self_attn.o_proj"),
-    "gate_proj": ("w_gate", 1, "mlp.gate_proj"), "up_proj": ("w_up", 1, "mlp.up_proj"),
-    "down_proj": ("w_down", 1, "mlp.down_proj"),
-}
-
-
-class AdapterError(ValueError):
+class AdapterError(ConfigError):
     """An adapter that does not fit the model or is not a LoRA adapter; the message names the file and field."""
 
 
-@dataclasses.dataclass(frozen=True)
-class LoraSettings:
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+def _layers(cfg: LlamaConfig):
+    """(shapes, logical axes) of the base's stacked layers, from the model-family seam: every registered family."""
+    from sweet_jax.models.families import family_of
 
-    def __post_init__(self):
-        unknown = [t for t in self.targets if t not in TARGETS]
-        if unknown or not self.targets:
-            raise AdapterError(f"LoRA targets must be some of {', '.join(TARGETS)}, got {list(self.targets)}")
-        if self.rank < 1 or not 0 <= self.dropout < 1:
-            raise AdapterError(f"LoRA rank must be >= 1 and dropout in [0, 1), got rank={self.rank}, "
-                               f"dropout={self.dropout}")
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-
-def _split(cfg: LlamaConfig, target: str) -> tuple[str, tuple, tuple, tuple, tuple]:
-    """(our weight, input shape, input axes, output shape, output axes) of a target, past the layer axis."""
-    from sweet_jax.models.families import family_of  # the model-family seam: every registered family's decoder
-
-    fam = family_of(cfg)
-    name, inputs, _ = TARGETS[target]
-    shape, axes = fam.param_shapes(cfg)["layers"][name][1:], fam.param_logical_axes(cfg)["layers"][name][1:]
-    return name, shape[:inputs], axes[:inputs], shape[inputs:], axes[inputs:]
+    fam, base = family_of(cfg), cfg.replace(lora=None)
+    return fam.param_shapes(base)["layers"], fam.param_logical_axes(base)["layers"]
 
 
 def adapter_shapes(cfg: LlamaConfig, s: LoraSettings) -> Params:
-    out = {}
-    for t in s.targets:
-        name, in_shape, _, out_shape, _ = _split(cfg, t)
-        out[name] = {"a": (cfg.num_layers, *in_shape, s.rank), "b": (cfg.num_layers, s.rank, *out_shape)}
-    return {"layers": out}
+    return adapter_shapes_of(_layers(cfg)[0], s)
 
 
 def adapter_logical_axes(cfg: LlamaConfig, s: LoraSettings) -> Params:
-    out = {}
-    for t in s.targets:
-        name, _, in_axes, _, out_axes = _split(cfg, t)
-        out[name] = {"a": ("layers", *in_axes, "lora_rank"), "b": ("layers", "lora_rank", *out_axes)}
-    return {"layers": out}
+    return adapter_axes_of(_layers(cfg)[1], s)
 
 
-def init_adapters(cfg: LlamaConfig, s: LoraSettings, key: jax.Array, dtype=jnp.float32) -> Params:
-    """PEFT's initialisation: A uniform in +-1/sqrt(fan_in) (kaiming-uniform with a = sqrt(5)), B zero."""
-    shapes = adapter_shapes(cfg, s)["layers"]
-    keys = jax.random.split(key, len(shapes))
-    out = {}
-    for k, (name, sh) in zip(keys, sorted(shapes.items())):
-        fan_in = math.prod(sh["a"][1:-1])
-        bound = 1.0 / math.sqrt(fan_in)
-        out[name] = {"a": jax.random.uniform(k, sh["a"], dtype, -bound, bound), "b": jnp.zeros(sh["b"], dtype)}
-    return {"layers": out}
+def init_adapters(cfg: LlamaConfig, s: LoraSettings, key: jax.Array, dtype=DTYPE) -> Params:
+    """Fresh adapters as PEFT makes them (`lora_layers.init_adapters_of`: B = 0, so the model is its base)."""
+    return init_adapters_of(adapter_shapes(cfg, s), key, dtype)
+
+
+def merged(params: Params, cfg: LlamaConfig) -> Params:
+    """Params holding adapters (a "lora" entry, `cfg.lora`) as plain params with the adapters merged in; params
+    without adapters as they are. For inference and export, where the adapted weights are used as they are."""
+    if "lora" not in params:
+        return params
+    if cfg.lora is None:
+        raise AdapterError("the params hold adapters (a 'lora' entry) but the model config has no lora settings")
+    return merge(base_of(params), params["lora"], cfg.lora)
 
 
 def merge(params: Params, adapters: Params, s: LoraSettings) -> Params:
@@ -168,7 +135,7 @@ def load_peft_adapter(adapter_dir: str | os.PathLike, cfg: LlamaConfig) -> tuple
                          dropout=float(conf.get("lora_dropout", 0.0)), targets=tuple(sorted(targets)))
     except KeyError as e:
         raise AdapterError(f"{path}: field {e}: missing") from None
-    except AdapterError as e:
+    except ConfigError as e:
         raise AdapterError(f"{path}: {e}") from None
     weights = SafetensorsFile(os.path.join(adapter_dir, WEIGHTS_FILE))
     present = set(weights.keys())

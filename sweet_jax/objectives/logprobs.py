@@ -113,7 +113,7 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, target
 
 def gathered_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, gather_pos: jnp.ndarray, *,
                       gather_src: jnp.ndarray | None = None, positions=None, segment_ids=None, branch_ids=None,
-                      chunk: int = DEFAULT_CHUNK) -> jnp.ndarray:
+                      chunk: int = DEFAULT_CHUNK, dropout_key=None) -> jnp.ndarray:
     """log p(tokens[b, p] | context) for p = gather_pos[b, ...] (all >= 1) -> float32 with gather_pos's shape.
 
     The context is the hidden state at gather_src[b, ...], by default p - 1 (a plain row). Prefix-shared rows
@@ -122,9 +122,10 @@ def gathered_logprobs(params: Params, cfg: ModelConfig, tokens: jnp.ndarray, gat
     per row); the lookups stay within each row, so the batch dimension keeps its sharding.
 
     Only the gathered positions go through the vocabulary projection: a critic that scores assistant turns pays
-    the [D, V] matmul and log-sum-exp for those tokens alone.
+    the [D, V] matmul and log-sum-exp for those tokens alone. dropout_key: adapter dropout in training
+    (`models.forward_hidden`).
     """
-    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids, branch_ids)
+    hidden = forward_hidden(params, cfg, tokens, positions, segment_ids, branch_ids, dropout_key=dropout_key)
     shape = gather_pos.shape
     pos = gather_pos.reshape(shape[0], -1)
     src = pos - 1 if gather_src is None else gather_src.reshape(shape[0], -1)

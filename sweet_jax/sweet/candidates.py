@@ -38,6 +38,7 @@ JUDGE_KINDS = ("critic", "head", "value", "llm")
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
     model: str = flag(help="the sampling policy: an HF directory or a training run", required=True)
+    adapter: str | None = flag(None, help="a PEFT LoRA adapter directory on top of --model (an HF directory)")
     input: str = flag(help="trajectory JSONL (official layout)", required=True)
     output: str = flag(help="the sampled states, JSONL (OUT.partial while it runs)", required=True)
     data_fraction: float = flag(0.1, help="sample the states of the first fraction of the trajectory lines")
@@ -56,6 +57,9 @@ class SampleSettings:
 @dataclasses.dataclass(frozen=True)
 class RankSettings:
     critic: str = flag(help="the judge's model (see --kind)", required=True)
+    critic_adapter: str | None = flag(None, help="a PEFT LoRA adapter directory on top of --critic (an HF "
+                                                 "directory); its reference is then --critic itself "
+                                                 "(--reference model --reference_model CRITIC)")
     input: str = flag(help="sampled states (the output of `sample`)", required=True)
     output: str = flag(help="the ranked states, JSONL", required=True)
     kind: str = flag("critic", choices=JUDGE_KINDS,
@@ -169,7 +173,8 @@ def sample(s: SampleSettings) -> dict:
                                     s.model if chat.has_tokenizer(s.model) else None)
         server = endpoints.Server(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
     else:
-        loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings)
+        loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings,
+                                   adapter=s.adapter)
         params, cfg = placement.prepare(loaded.params, loaded.cfg)
     tok = loaded.tokenizer(s.tokenizer)
     fmt = loaded.chat_format_for(tok).tokenized(tok)
@@ -215,7 +220,8 @@ def rank(s: RankSettings) -> dict:
         raise DataError("--reference model needs --reference_model (the frozen reference critic)")
     from sweet_jax.inference.placement import Placement
 
-    judge = Judge(s.critic, kind=s.kind, no_info=s.no_info, use_sum=s.use_sum, no_header=s.no_header,
+    judge = Judge(s.critic, adapter=s.critic_adapter, kind=s.kind, no_info=s.no_info, use_sum=s.use_sum,
+                  no_header=s.no_header,
                   reference_model=s.reference_model if s.reference == "model" else None, tokenizer=s.tokenizer,
                   dtype=s.dtype, placement=Placement.build(s.mesh), base_url=s.critic_url,
                   reference_url=s.reference_url)

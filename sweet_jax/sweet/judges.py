@@ -52,18 +52,20 @@ _MODELS: dict[tuple, object] = {}  # (real path, dtype, placement) -> LoadedMode
 _LOGPROBS: dict[tuple, list] = {}  # the last few states' continuation log-probs, by model and token ids
 
 
-def shared_model(model: str, dtype: str, placement=None):
+def shared_model(model: str, dtype: str, placement=None, adapter: str | None = None):
     """A `LoadedModel` placed on `placement` (default: one device), loaded once per process however many judges (or
-    samplers) use it; its cfg is the placed config (`Placement.prepare`)."""
+    samplers) use it; its cfg is the placed config (`Placement.prepare`). `adapter`: a PEFT LoRA adapter directory
+    merged into it (`models.load_model`)."""
     import os
 
     from sweet_jax import models
     from sweet_jax.inference.placement import Placement
 
     placement = placement or Placement.build()
-    key = (os.path.realpath(model), dtype, placement)
+    key = (os.path.realpath(model), adapter and os.path.realpath(adapter), dtype, placement)
     if key not in _MODELS:
-        loaded = models.load_model(model, dtype, inference_layout=True, shardings=placement.stacked_shardings)
+        loaded = models.load_model(model, dtype, inference_layout=True, shardings=placement.stacked_shardings,
+                                   adapter=adapter)
         params, cfg = placement.prepare(loaded.params, loaded.cfg)
         _MODELS[key] = models.LoadedModel(cfg, params, loaded.tokenizer_dir)
     return _MODELS[key]
@@ -102,8 +104,9 @@ def _config_only(model: str):
 class Judge:
     """A loaded judge of one kind; `judge(prompt, ground_truth, candidates, sampler_mean, sampler_sum)` -> scores."""
 
-    def __init__(self, model: str, *, kind: str = "critic", no_info: bool = False, use_sum: bool = False,
-                 no_header: bool = False, reference_model: str | None = None, tokenizer: str | None = None,
+    def __init__(self, model: str, *, adapter: str | None = None, kind: str = "critic", no_info: bool = False,
+                 use_sum: bool = False, no_header: bool = False, reference_model: str | None = None,
+                 tokenizer: str | None = None,
                  dtype: str = "float32", placement=None, base_url: str | None = None,
                  reference_url: str | None = None):
         import os
@@ -112,10 +115,12 @@ class Judge:
             raise DataError(f"judge kind must be one of {KINDS}, got {kind!r}")
         if (base_url or reference_url) and kind != "critic":
             raise DataError(f"a judge of kind {kind!r} runs in process: servers score the critic kind only")
-        loaded = _config_only(model) if base_url else shared_model(model, dtype, placement)
+        if adapter and base_url:
+            raise DataError("an adapter is merged in process; a critic served elsewhere carries its own")
+        loaded = _config_only(model) if base_url else shared_model(model, dtype, placement, adapter)
         self.cfg, self.params = loaded.cfg, loaded.params
         self.placement = placement
-        self.key = (base_url or os.path.realpath(model), dtype)
+        self.key = (base_url or os.path.realpath(model), adapter and os.path.realpath(adapter), dtype)
         self.score = _scorer(loaded, base_url, os.path.basename(os.path.abspath(model)), placement)
         if self.cfg.score_head != (kind in ("head", "value")):
             raise DataError(f"{model}: a judge of kind {kind!r} needs " + (

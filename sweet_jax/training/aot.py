@@ -143,12 +143,14 @@ def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: 
     prefix-shared pair rows with `turn_len`)."""
     accumulation = max(1, int(cfg.optim.batch_size) // micro)
     tx = make_optimizer(cfg.optim, 1000, accumulation)
-    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
-    layout = Layout(mesh, model_cfg, tx, freeze, sharding.parse_rules(rules))
+    layout = Layout(mesh, model_cfg, tx, obj.frozen_names(cfg.optim.freeze, model_cfg), sharding.parse_rules(rules))
     batch = abstract_batch(layout, rows_of(cfg, micro, turn_len), seq_len, cfg.objective, turn_len,
                            cfg.data.min_bucket, planned_patches(cfg, model_cfg))
+    lora = model_cfg.lora
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
-                             chunk=cfg.train.logprob_chunk)
+                             chunk=cfg.train.logprob_chunk,
+                             reference_in_step=obj.in_step_reference(cfg.objective, cfg.loss, model_cfg),
+                             dropout_seed=0 if lora is not None and lora.dropout > 0 else None)
     return step.lower(layout.abstract_state(), batch).compile(), layout
 
 
@@ -160,8 +162,9 @@ def plan_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int
     mem = compiled.memory_analysis()
     state = layout.abstract_state()
     rows, row_len = rows_of(cfg, micro, turn_len), row_length(seq_len, turn_len, cfg.data.min_bucket)
-    frozen = (sharding.per_device_bytes(state["params"]) if cfg.objective in obj.WITH_REFERENCE
-              and cfg.loss.reference == "recompute" else 0.0)
+    copy = (cfg.objective in obj.WITH_REFERENCE and cfg.loss.reference == "recompute"
+            and not obj.in_step_reference(cfg.objective, cfg.loss, model_cfg))  # with adapters: no copy
+    frozen = sharding.per_device_bytes(state["params"]) if copy else 0.0
     return Plan(
         remat_policy=model_cfg.remat_policy, rules=rules, micro_batch_size=micro, sequences=rows, seq_len=seq_len,
         turn_len=turn_len, row_len=row_len,

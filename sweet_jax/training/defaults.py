@@ -35,6 +35,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat_policy = "none"
     c.model.attention_impl = "auto"
 
+    # Low-rank adapters (models.lora): rank > 0 trains adapters on these projections (PEFT's names, comma-separated)
+    # while the base model stays fixed in model.param_dtype; rank 0 trains the full model. The reference is the base
+    # with the adapters off (loss.reference "recompute": in each step, from the same weights).
+    c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, dropout=0.0, targets="q_proj,k_proj,v_proj,o_proj"))
+
     c.data = ml_collections.ConfigDict()
     # trajectory_pairs | ranked_pairs | text_pairs (an official pair file: {"chosen": {"input", "output"},
     # "rejected": ...} per line, any information prefix already in the inputs) | rft | turn_values | image_pairs
@@ -72,7 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.nll_coef = 0.0
     c.loss.nll_span = "score"  # score | response | all
     c.loss.reduction = "trajectory_mean"  # trajectory_mean | turn_mean_sum | sum
-    c.loss.reference = "cached"  # cached | recompute
+    c.loss.reference = "cached"  # cached | recompute (every step; with LoRA, in the step with the adapters off)
     # the reward objective's mean of per-token values: over the real tokens ("exclude"), or over the whole padded row
     # ("include", as the official regression-head critic's mean takes in its left padding)
     c.loss.reward_padding = "exclude"
@@ -183,5 +188,20 @@ def to_70b(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict
     c.model.hf_path = "checkpoints/Llama-3.1-70B-Instruct"
     c.model.preset = "llama3.1-70b"
     c.model.remat_policy = "full"
+    c.train.output_dir = f"runs/{name}"
+    return c
+
+
+def with_lora(c: ml_collections.ConfigDict, name: str, rank: int = 16) -> ml_collections.ConfigDict:
+    """The same recipe training low-rank adapters (`models.lora`) on every projection: alpha 2 x rank, no dropout,
+    the base frozen in bf16, the reference the base with the adapters off, computed in the step (no second copy),
+    and a learning rate for adapters (1e-5: they start at zero; untuned, not the paper's)."""
+    c.lora.rank = rank
+    c.lora.alpha = 2.0 * rank
+    c.lora.dropout = 0.0
+    c.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    c.model.param_dtype = "bfloat16"
+    c.loss.reference = "recompute"
+    c.optim.lr = 1e-5
     c.train.output_dir = f"runs/{name}"
     return c

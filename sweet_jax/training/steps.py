@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from sweet_jax import models, objectives
+from sweet_jax.models import lora
 from sweet_jax.models.loading import SCORE_HEAD_OBJECTIVES
 from sweet_jax.models.qwen2_vl import Images
 
@@ -69,27 +70,47 @@ def plain_order(x):
     return x.swapaxes(0, 1).reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x
 
 
-def _gathered_logprobs(params, model_cfg: models.ModelConfig, batch, chunk: int):
+def _gathered_logprobs(params, model_cfg: models.ModelConfig, batch, chunk: int, dropout_key=None):
     return objectives.gathered_logprobs(params, model_cfg, batch["tokens"], batch["gather_pos"],
                                         gather_src=batch.get("gather_src"), positions=batch["positions"],
                                         segment_ids=batch["segment_ids"], branch_ids=batch.get("branch_ids"),
-                                        chunk=chunk)
+                                        chunk=chunk, dropout_key=dropout_key)
 
 
-def sequence_scores(params, model_cfg: models.ModelConfig, batch, reduction: str, chunk: int, max_turns: int = 32):
+def sequence_scores(params, model_cfg: models.ModelConfig, batch, reduction: str, chunk: int, max_turns: int = 32,
+                    dropout_key=None):
     """(reduced score [B], gathered log-probs [B, S]); a packed batch gives [K * P] scores in the plain order and
     log-probs [P, K, S]."""
-    lp = _gathered_logprobs(params, model_cfg, batch, chunk)
+    lp = _gathered_logprobs(params, model_cfg, batch, chunk, dropout_key)
     score = objectives.reduce_logprobs(lp, batch["gather_score"], reduction, batch["gather_turn"], max_turns)
     return (plain_order(score) if lp.ndim == 3 else score), lp
 
 
-def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, loss_cfg, chunk: int, reduce: bool = True):
-    """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B])."""
+def reference_with_adapters_off(params, model_cfg: models.ModelConfig, batch, reduction: str, chunk: int):
+    """The frozen reference's scores [2P] in the plain order, computed in the step: the same base weights with the
+    adapters off (`lora.base_of`), no gradient. No second copy of the model exists."""
+    if "lora" not in params:
+        raise ValueError("a reference computed in the step needs adapters (lora.rank > 0): without them the "
+                         "reference is a second copy of the model")
+    return jax.lax.stop_gradient(sequence_scores(lora.base_of(params), model_cfg, batch, reduction, chunk)[0])
+
+
+def in_step_reference(objective: str, loss_cfg, model_cfg: models.ModelConfig) -> bool:
+    """Whether a job computes its reference inside the step (`loss.reference="recompute"` with adapters: the same
+    base with them off, `reference_with_adapters_off`), not from a frozen copy or a cached pass."""
+    return objective in WITH_REFERENCE and loss_cfg.reference == "recompute" and model_cfg.lora is not None
+
+
+def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, loss_cfg, chunk: int, reduce: bool = True,
+            dropout_key=None, reference_in_step: bool = False):
+    """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B]).
+    dropout_key: this step's adapter dropout (training with `model_cfg.lora`). reference_in_step: the critic's and
+    DPO's reference scores come from `reference_with_adapters_off`, not from the batch's cached `ref`."""
     if "pixels" in batch and objective not in SCORE_HEAD:
         raise ValueError(f"batches with images train the reward objective only, not {objective!r}")
     if objective == "sft":
-        loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk), batch["gather_score"])
+        loss, metrics = objectives.sft_loss(_gathered_logprobs(params, model_cfg, batch, chunk, dropout_key),
+                                            batch["gather_score"])
         sft_mean = (loss_cfg or {}).get("sft_mean", "sequence")
         if sft_mean not in SFT_MEANS:
             raise ValueError(f"loss.sft_mean must be one of {SFT_MEANS}, got {sft_mean!r}")
@@ -116,13 +137,14 @@ def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, los
             p = reward.shape[0] // 2
             loss, metrics = objectives.reward_model_loss(reward[:p], reward[p:])
     else:
-        score, lp = sequence_scores(params, model_cfg, batch, loss_cfg.reduction, chunk)
+        score, lp = sequence_scores(params, model_cfg, batch, loss_cfg.reduction, chunk, dropout_key=dropout_key)
         p = score.shape[0] // 2
         if lp.ndim == 3:  # packed: example 0 of each row is the chosen one
             nll = -objectives.masked_mean(lp[:, 0], batch["gather_nll"][:, 0])
         else:
             nll = -objectives.masked_mean(lp[:p], batch["gather_nll"][:p])
-        ref = plain_order(batch["ref"])
+        ref = (reference_with_adapters_off(params, model_cfg, batch, loss_cfg.reduction, chunk) if reference_in_step
+               else plain_order(batch["ref"]))
         fn = objectives.bradley_terry_loss if objective == "critic" else objectives.dpo_loss
         loss, metrics = fn(score[:p], score[p:], ref[:p], ref[p:], loss_cfg.beta, chosen_nll=nll,
                            nll_coef=loss_cfg.nll_coef)
@@ -140,15 +162,28 @@ def split_params(params: dict, freeze: tuple[str, ...] = ()) -> tuple[dict, dict
     return ({k: v for k, v in params.items() if k not in freeze}, {k: v for k, v in params.items() if k in freeze})
 
 
-def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = (), *, jit: bool = True, **loss_kw):
+def frozen_names(freeze: str, model_cfg: models.ModelConfig) -> tuple[str, ...]:
+    """The top-level params that get no gradient: those `optim.freeze` names (comma-separated), and with adapters
+    (`model_cfg.lora`) every one but the adapters."""
+    names = {name for name in freeze.split(",") if name}
+    if model_cfg.lora is not None:
+        names |= set(models.param_shapes(model_cfg)) - {"lora"}
+    return tuple(sorted(names))
+
+
+def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = (), *, jit: bool = True,
+                    dropout_seed: int | None = None, **loss_kw):
     """state {params, opt_state (of the trainable part, see `split_params`), step} -> (state, metrics), jitted with
-    the state donated (jit=False: the plain function, for `partitioning.Layout` to compile for a mesh)."""
+    the state donated (jit=False: the plain function, for `partitioning.Layout` to compile for a mesh). With
+    `dropout_seed`, adapter dropout draws its masks from (seed, step): a resumed run draws the same ones."""
     loss = functools.partial(loss_fn, **loss_kw)
-    grad_fn = jax.value_and_grad(lambda trainable, frozen, batch: loss({**trainable, **frozen}, batch), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda trainable, frozen, batch, key: loss({**trainable, **frozen}, batch,
+                                                                            dropout_key=key), has_aux=True)
 
     def train_step(state, batch):
         trainable, frozen = split_params(state["params"], freeze)
-        (_, metrics), grads = grad_fn(trainable, frozen, batch)
+        key = None if dropout_seed is None else jax.random.fold_in(jax.random.key(dropout_seed), state["step"])
+        (_, metrics), grads = grad_fn(trainable, frozen, batch, key)
         updates, opt_state = tx.update(grads, state["opt_state"], trainable)
         params = {**frozen, **optax.apply_updates(trainable, updates)}
         metrics["grad_norm"] = optax.global_norm(grads)

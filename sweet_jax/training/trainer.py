@@ -10,6 +10,11 @@
   seed, epoch and step), so a killed run ends with the same params as an uninterrupted one.
 - Progress: a tqdm bar with loss and accuracy, TensorBoard scalars under `tb/`, `metrics.json` at the end.
 - Export: the final params as HF safetensors (+ tokenizer) under `hf/`, ready for vLLM.
+- LoRA (`lora.rank` > 0): adapters on the base model (`models.lora`), the only params trained; the base stays fixed
+  in its param dtype and has no optimiser state. The reference is the same base with the adapters off: cached, or
+  (`loss.reference="recompute"`) computed in each step, never a second copy. Checkpoints hold the adapters, their
+  optimiser state and the step (the base is reloaded from its source); export writes the adapters in PEFT's format
+  under `adapter/`, and `hf/` holds the merged model.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from sweet_jax.data.batching import batch_lengths, collate
 from sweet_jax.data.buckets import default_buckets
 from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json, write_text
 from sweet_jax.parallel import distributed, sharding
+from sweet_jax.models import lora
 from sweet_jax.models.qwen2_vl_images import ImageSettings
 from sweet_jax.training import image_pairs, partitioning, splits
 from sweet_jax.training import steps as obj
@@ -46,21 +52,41 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def model_config(model_cfg, objective: str = "", tokenizer: str | None = None):
+def model_config(model_cfg, objective: str = "", tokenizer: str | None = None, lora_cfg=None):
     """The job's model config (`models.model_config`); the "reward" and "value" objectives put a scalar score head
-    in place of the LM head. A missing or bad checkpoint is a SetupError."""
+    in place of the LM head, and a `lora` section with rank > 0 adds adapters. A missing or bad checkpoint, or bad
+    LoRA settings, are a SetupError."""
     try:
-        return models.model_config(model_cfg, score_head=objective in obj.SCORE_HEAD, tokenizer=tokenizer)
+        cfg = models.model_config(model_cfg, score_head=objective in obj.SCORE_HEAD, tokenizer=tokenizer,
+                                  lora=lora_cfg)
     except models.ConfigError as e:
-        raise SetupError(str(e)) from None
+        raise SetupError(f"{e} (settings model.*, lora.*)") from None
+    if cfg.lora is not None and cfg.score_head:
+        raise SetupError(f"LoRA (lora.rank={cfg.lora.rank}) trains the log-prob objectives (critic, dpo, sft); "
+                         f"objective {objective!r} trains a new score head: set lora.rank=0")
+    return cfg
 
 
 def load_params(model_cfg, cfg: models.ModelConfig, shardings) -> dict:
-    """The initial params, each array built directly in its sharding (a 70B model never sits on one device)."""
+    """The initial params, each array built directly in its sharding (a 70B model never sits on one device). With
+    adapters (`cfg.lora`): the base model's params and fresh adapters (B = 0: the model starts as its base)."""
     if model_cfg.hf_path:
-        return models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
+        if cfg.lora is None:
+            return models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
+        base = models.load_hf_params(model_cfg.hf_path, cfg.replace(lora=None), dtype=cfg.param_dtype,
+                                     shardings=lora.base_of(shardings))
+        init = jax.jit(lora.init_adapters, static_argnums=(0, 1), out_shardings=shardings["lora"])
+        return {**base, "lora": init(cfg, cfg.lora, jax.random.key(model_cfg.init_seed))}
     init = jax.jit(models.init_params, static_argnums=(0, 2), out_shardings=shardings)
     return init(cfg, jax.random.key(model_cfg.init_seed), model_cfg.init_std)
+
+
+def checkpointed(state: dict) -> dict:
+    """What a checkpoint holds of the training state: all of it, or with adapters only the adapters of the params
+    (the base never changes and is reloaded from its source)."""
+    if "lora" not in state["params"]:
+        return state
+    return {**state, "params": {"lora": state["params"]["lora"]}}
 
 
 def load_job_tokenizer(cfg, chat_format: str):
@@ -293,7 +319,7 @@ def run(cfg) -> dict:
     if leader:
         write_text(os.path.join(run_dir, "config.json"), cfg.to_json_best_effort(indent=2))
 
-    model_cfg = model_config(cfg.model, cfg.objective, cfg.tokenizer_path)
+    model_cfg = model_config(cfg.model, cfg.objective, cfg.tokenizer_path, cfg.get("lora"))
     chat_format = models.family_of(model_cfg).chat_format
     tokenizer = load_job_tokenizer(cfg, chat_format)
     fmt = chat.format_for(tokenizer, None, chat_format)  # the tokenizer's own template, else the family's format
@@ -331,7 +357,7 @@ def run(cfg) -> dict:
     if paired != train.paired:
         raise SetupError(f"objective {cfg.objective!r} needs {'pairs' if paired else 'single examples'}, but "
                          f"data.kind={cfg.data.kind!r} gives {'pairs' if train.paired else 'single examples'}")
-    freeze = tuple(name for name in cfg.optim.freeze.split(",") if name)
+    freeze = obj.frozen_names(cfg.optim.freeze, model_cfg)  # with adapters, all but them
     try:
         obj.split_params(models.abstract_params(model_cfg), freeze)
         mesh = sharding.make_mesh({axis: int(cfg.mesh[axis]) for axis in sharding.MESH_AXES})
@@ -355,17 +381,24 @@ def run(cfg) -> dict:
 
     pad_id = tokenized.pad_id
     batcher = Batcher(cfg, pad_id, layout, model_cfg)
-    loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk)
-    train_step = layout.train_step(**loss_kw)
-    eval_step = layout.eval_step(**loss_kw)
     with_ref = cfg.objective in obj.WITH_REFERENCE
-    score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if with_ref else None
+    if cfg.loss.reference not in ("cached", "recompute"):
+        raise SetupError(f"loss.reference must be 'cached' or 'recompute', got {cfg.loss.reference!r}")
     recompute = with_ref and cfg.loss.reference == "recompute"
+    # With adapters, the reference is the base with them off: recomputed inside the step, from the same weights.
+    in_step = obj.in_step_reference(cfg.objective, cfg.loss, model_cfg)
+    loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk,
+                   reference_in_step=in_step)
+    dropout = model_cfg.lora is not None and model_cfg.lora.dropout > 0
+    train_step = layout.train_step(dropout_seed=cfg.train.seed if dropout else None, **loss_kw)
+    eval_step = layout.eval_step(**loss_kw)
+    score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if with_ref else None
     ref_train = ref_eval = None
     if with_ref and not recompute:
-        ref_train = reference_scores("train", train, score_fn, params0, model_cfg, cfg, batcher, run_dir)
-        ref_eval = reference_scores("eval", held_out, score_fn, params0, model_cfg, cfg, batcher, run_dir)
-    frozen = jax.tree.map(jnp.copy, params0) if recompute else None
+        base0 = lora.base_of(params0)  # with adapters: the same arrays, the adapters off
+        ref_train = reference_scores("train", train, score_fn, base0, model_cfg, cfg, batcher, run_dir)
+        ref_eval = reference_scores("eval", held_out, score_fn, base0, model_cfg, cfg, batcher, run_dir)
+    frozen = jax.tree.map(jnp.copy, params0) if recompute and not in_step else None
 
     state = layout.put_state({"params": params0, "opt_state": tx.init(obj.split_params(params0, freeze)[0]),
                               "step": jnp.zeros((), jnp.int32)})
@@ -374,15 +407,16 @@ def run(cfg) -> dict:
         max_to_keep=cfg.train.keep_checkpoints, enable_async_checkpointing=True, create=True))
     latest = manager.latest_step()
     if latest is not None:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, checkpointed(state))
         try:
-            state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+            restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+            state = {**restored, "params": {**state["params"], **restored["params"]}}
         except ValueError as e:
             if "tree structures do not match" not in str(e):
                 raise
             raise SetupError(f"{ckpt_dir}: the checkpoint at step {latest} holds a different training state from "
-                             f"this config's (was optim.freeze or the model changed?). Resume with the config it was "
-                             f"written with, or give a new train.output_dir.\n{e}") from None
+                             f"this config's (was optim.freeze, lora or the model changed?). Resume with the config "
+                             f"it was written with, or give a new train.output_dir.\n{e}") from None
         log.info("resumed from %s at step %d of %d", ckpt_dir, latest, total_steps)
     start = int(state["step"])
 
@@ -404,7 +438,7 @@ def run(cfg) -> dict:
         order = np.random.default_rng(cfg.train.seed + epoch).permutation(len(train.items))
         idx = order[i * micro:(i + 1) * micro]
         b = batcher(train, idx, ref_train)
-        if recompute:
+        if frozen is not None:
             s = np.asarray(score_fn(frozen, obj.model_inputs(b)), np.float32)
             if pack:  # the scores come in the plain order; a packed batch's ref is [rows, 2]
                 s = s.reshape(2, -1).T
@@ -413,7 +447,7 @@ def run(cfg) -> dict:
 
     def held_out_metrics(params):
         nonlocal ref_eval
-        if recompute and ref_eval is None and held_out.items:
+        if frozen is not None and ref_eval is None and held_out.items:
             # The frozen reference never changes: its held-out scores are computed once, in memory.
             ref_eval = score_pairs(score_fn, frozen, held_out, batcher, cfg.train.eval_batch_size)
         return evaluate(eval_step, params, held_out, ref_eval, batcher, cfg.train.eval_batch_size)
@@ -445,7 +479,7 @@ def run(cfg) -> dict:
                 for k, v in e.items():
                     writer.add_scalar(f"eval/{k}", v, done)
         if done % cfg.train.checkpoint_every == 0 or done == total_steps:
-            manager.save(done, args=ocp.args.StandardSave(state))
+            manager.save(done, args=ocp.args.StandardSave(checkpointed(state)))
     bar.close()
     manager.wait_until_finished()
 
@@ -458,12 +492,19 @@ def run(cfg) -> dict:
         for k, v in final.items():
             writer.add_scalar(f"eval/{k}", v, total_steps)
         writer.close()
+    if model_cfg.lora is not None and leader:
+        out = os.path.join(run_dir, "adapter")
+        with atomic_directory(out) as target:
+            lora.save_peft_adapter(target, jax.device_get(state["params"]["lora"]), model_cfg, model_cfg.lora,
+                                   base_model=cfg.model.hf_path)
+            tokenizer.save_pretrained(target)
+        log.info("exported the LoRA adapter (PEFT's format) to %s", out)
     if cfg.train.export_hf:
         out = os.path.join(run_dir, "hf")
         # every process gathers each tensor in turn; process 0 writes, into a directory that appears whole
         with atomic_directory(out) if leader else contextlib.nullcontext(out) as target:
-            models.save_hf_params(state["params"], model_cfg, target, dtype=cfg.train.export_dtype or None,
-                                  write=leader)
+            models.save_hf_params(lora.merged(state["params"], model_cfg), model_cfg.replace(lora=None), target,
+                                  dtype=cfg.train.export_dtype or None, write=leader)
             if leader:
                 tokenizer.save_pretrained(target)
         if leader:

@@ -1,0 +1,9 @@
+"""The critic_70b recipe with LoRA: the 70B critic on one 8 x 80 GB host (fsdp=8) at 8,192 tokens, the base frozen in
+bf16 and sharded over the 8 GPUs, rank-16 adapters on every projection, the reference the same base with the adapters
+off. Plan: `python -m sweet_jax.plan --config configs/critic_70b_lora.py --mesh fsdp=8`. See critic_8b_lora.py."""
+
+from sweet_jax.training.defaults import derived_from, with_lora
+
+
+def get_config():
+    return with_lora(derived_from(__file__, "critic_70b.py"), "critic_70b_lora")
