@@ -77,6 +77,12 @@ def get_config():
     c.critic_head = ml_collections.ConfigDict(dict(overrides=("objective=reward", "optim.freeze=embed")))
     c.critic_value = ml_collections.ConfigDict(dict(overrides=(
         "objective=value", "data.kind=turn_values", "optim.freeze=embed", "train.epochs=1")))
+    # LoRA (`sweet_jax.models.lora`): rank > 0 trains adapters in every fine-tuning stage (the critics, the actor and
+    # the baselines; not the score-head critics) with the same recipes, the initial policy the frozen base; rank 0
+    # fine-tunes the full model. compare_with: another run of the same config and seed (e.g. full fine-tuning),
+    # which the report sets each method against, episode by episode.
+    c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, dropout=0.0, compare_with="",
+                                            targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"))
     c.best_of_n_eval = ml_collections.ConfigDict(dict(enabled=True, ns="1,2,4,8,16", repeats=1, limit=0, seed=0))
     c.best_of_n = ml_collections.ConfigDict(dict(data_fraction=0.1, n=16, temperature=1.0, max_tokens=32, batch=8))
     # no_header: the judge scores the candidate alone, not the turn's 4 assistant-header tokens with it. Pre-training

@@ -28,23 +28,16 @@ from ml_collections import config_flags
 
 from sweet_jax.cli.app import require_config, run
 from sweet_jax.files.atomic import write_json
-from sweet_jax.training.planning import PlanError, format_plan, parse_mesh
+from sweet_jax.training.planning import BF16_NOTE, PlanError, fake_cpu_devices, format_plan, parse_mesh
 
 FLAGS = flags.FLAGS
-
-
-def _fake_devices(devices: int) -> None:
-    """Fake CPU devices, set before jax starts: a plan needs no accelerator and allocates nothing."""
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
-                               f"--xla_force_host_platform_device_count={devices}").strip()
 
 
 def serve_main() -> int:
     if not FLAGS.model:
         raise PlanError("--serve needs --model: a preset name (e.g. llama3.1-8b) or an HF directory")
     sizes, devices = parse_mesh(FLAGS.mesh, {}, FLAGS.devices)
-    _fake_devices(devices)
+    fake_cpu_devices(devices)
     from sweet_jax import models
     from sweet_jax.inference import memory_plan
 
@@ -66,7 +59,8 @@ def main(argv) -> int:
         return serve_main()
     cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8")
     sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
-    _fake_devices(devices)
+    bf16_params = cfg.model.param_dtype in ("bfloat16", "float16")
+    fake_cpu_devices(devices, bf16_params)
     import jax
 
     from sweet_jax import models
@@ -91,6 +85,8 @@ def main(argv) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(result, cfg, model_cfg, sizes, FLAGS.hbm_gib, arch_note))
+    if bf16_params:
+        print(BF16_NOTE.format(dtype=cfg.model.param_dtype))
     if FLAGS.json:
         doc = {"mesh": sizes, "hbm_gib": FLAGS.hbm_gib, "fits": result["fits"], "suggestion": result["suggestion"],
                "plan": result["plan"].as_dict(), "alternatives": [a.as_dict() for a in result["alternatives"]]}

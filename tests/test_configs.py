@@ -83,3 +83,30 @@ def test_recipes_match_table5(recipe, size):
     assert c.data.with_info == (recipe == "critic")
     assert ("70B" in c.model.hf_path) == (size == "70b") and c.model.compute_dtype == "bfloat16"
     assert c.train.output_dir == f"runs/{recipe}_{size}"
+
+
+@pytest.mark.parametrize("recipe", ["critic", "policy"])
+@pytest.mark.parametrize("size", ["8b", "70b"])
+def test_lora_recipes_are_table5_with_adapters_on_a_bf16_base(recipe, size):
+    """The LoRA recipes change only what adapters need: the adapters, the base's dtype, the learning rate, the run
+    directory and (8B, one device) the remat policy; every other field is the Table 5 recipe's."""
+    full, c = _load(f"{recipe}_{size}"), _load(f"{recipe}_{size}_lora")
+    assert (c.lora.rank, c.lora.alpha, c.lora.dropout) == (16, 32.0, 0.0)
+    assert c.lora.targets.split(",") == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert (c.model.param_dtype, c.optim.lr, c.loss.reference) == ("bfloat16", 1e-5, "cached")
+    assert c.train.output_dir == f"runs/{recipe}_{size}_lora"
+    changed = {("model", "param_dtype"), ("optim", "lr"), ("train", "output_dir"), ("model", "remat_policy")}
+    for section in full.keys():
+        if section == "lora":
+            continue
+        if not hasattr(full[section], "keys"):
+            assert c[section] == full[section], section
+            continue
+        for k in full[section].keys():
+            if (section, k) not in changed:
+                assert c[section][k] == full[section][k], (section, k)
+    from sweet_jax.models.config import LORA_TARGETS, LoraSettings
+    from sweet_jax.models.loading import lora_settings
+
+    assert lora_settings(c.lora) == LoraSettings(rank=16, alpha=32.0, targets=LORA_TARGETS)
+    assert lora_settings(full.lora) is None  # the full recipes train the whole model

@@ -77,3 +77,28 @@ def test_a_lora_job_resumes_bit_identically_after_kill_9_and_exports_what_peft_l
         assert np.abs(ours - theirs).max() <= tol and (ours.argmax(-1) == theirs.argmax(-1)).all(), (
             name, np.abs(ours - theirs).max())
     assert np.abs(hf_logits(adapted, tokens) - hf_logits(base, tokens)).max() > 1e-3  # the adapter changes the model
+    # the pipeline's vLLM backend finds the base and the adapter behind the run's export
+    from sweet_jax.inference.backends import lora_export
+
+    assert lora_export(str(out / "hf")) == (str(base_dir), str(out / "adapter"))
+    assert lora_export(str(base_dir)) is None
+
+
+def test_the_pipeline_passes_its_lora_settings_to_every_fine_tuning_stage_but_the_score_head_critics():
+    import types
+
+    import ml_collections
+
+    from sweet_jax.sweet.shared_stages import lora_overrides
+    from sweet_jax.training.defaults import derived_from
+
+    cfg = derived_from(os.path.join(os.path.dirname(__file__), "..", "configs", "x.py"), "sweet_backend_tiny.py")
+    run = types.SimpleNamespace(cfg=cfg)
+    assert lora_overrides(run, ("train.epochs=2",)) == []  # rank 0: full fine-tuning, as before
+    cfg.lora.rank = 8
+    assert lora_overrides(run, ("train.epochs=2",)) == [
+        "lora.rank=8", "lora.alpha=16.0", "lora.dropout=0.0",
+        "lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"]
+    for head in cfg.critic_head.overrides, cfg.critic_value.overrides:  # a new score head: trained in full
+        assert lora_overrides(run, (*cfg.critic.overrides, *head)) == []
+    assert lora_overrides(types.SimpleNamespace(cfg=ml_collections.ConfigDict()), ()) == []  # an older run's config

@@ -99,8 +99,8 @@ LORA_STEP_EQUIVALENCE = STEP_PRELUDE + """
         tx = make_optimizer(optim, 4, 1)
 
         def run(step, put_state=lambda s: s, put_batch=lambda b: b):
-            state = put_state({"params": jax.tree.map(jnp.copy, params0), "opt_state": tx.init({"lora": params0["lora"]}),
-                               "step": jnp.zeros((), jnp.int32)})
+            state = put_state({"params": jax.tree.map(jnp.copy, params0),
+                               "opt_state": tx.init({"lora": params0["lora"]}), "step": jnp.zeros((), jnp.int32)})
             losses = []
             for _ in range(2):
                 state, metrics = step(state, put_batch(batch))

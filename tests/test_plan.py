@@ -57,6 +57,21 @@ def test_plan_reports_per_device_memory_that_matches_the_shapes(tmp_path):
     assert p["model_flops"] == TINY_FLOPS_PER_TOKEN * 16 * 256
 
 
+def test_a_lora_plan_holds_a_bf16_base_and_adam_state_for_the_adapters_alone(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = _plan("--mesh", "fsdp=1", "--json", str(out), "--config.lora.rank=4", "--config.model.param_dtype=bfloat16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "planned without XLA:CPU's hoisted f32 copies of the weights" in proc.stdout
+    p = json.loads(out.read_text())["plan"]
+    cfg = models.LlamaConfig.preset("tiny", hidden_size=64, intermediate_size=176, num_layers=1, num_heads=4,
+                                    num_kv_heads=2, tie_word_embeddings=True, vocab_size=8192)
+    # rank-4 adapters on q, k, v, o: A 64x4 (q, k, v) and 4x4x16 (o), B 4x4x16 (q), 4x2x16 (k, v), 4x64 (o)
+    adapters = 3 * 64 * 4 + 4 * 16 * 4 + 4 * 64 + 2 * 4 * 2 * 16 + 4 * 64
+    assert p["params_bytes"] == cfg.num_params() * 2 + adapters * 4  # the base in bf16, the adapters in f32
+    assert p["opt_state_bytes"] == pytest.approx(2 * adapters * 4, abs=64)  # two Adam moments of the adapters
+    assert p["frozen_reference_bytes"] == 0
+
+
 @pytest.mark.slow
 def test_over_budget_exits_1_and_names_the_remat_setting_that_fits(tmp_path):
     # 4 layers: their saved activations outweigh the one attention layer's working set, which no remat policy cuts

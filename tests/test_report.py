@@ -129,17 +129,50 @@ def test_seeds_report_pools_the_episodes_of_every_run(tmp_path):
     assert "Paired differences" not in md  # no episode files: nothing to pair
 
 
+def _write_eval(run, stage, outcomes):
+    """An evaluation's trajectory file; outcomes[rollout][task]: the block layout of the evaluation stages."""
+    (run / "eval").mkdir(parents=True, exist_ok=True)
+    with open(run / "eval" / f"{stage}_trajectories.jsonl", "w") as fh:
+        for per_task in outcomes:
+            for t, ok in enumerate(per_task):
+                fh.write(json.dumps({"task": {"problem_description": f"task {t}", "ground_truth": "x"},
+                                     "reward": float(ok)}) + "\n")
+
+
+def test_a_report_against_another_run_pairs_each_methods_episodes(tmp_path):
+    """`--against`: a LoRA run set against the full fine-tuning run of the same config and seed, method by method
+    over the episodes both played, and the training stages side by side."""
+    from sweet_jax.sweet.paired_stats import paired_difference
+
+    lora, full = tmp_path / "lora", tmp_path / "full"
+    for run, rank, test, acc in ((lora, 8, [[1, 1, 0, 0], [1, 0, 0, 1]], 0.7), (full, 0, [[0, 1, 0, 0], [0, 0, 0, 1]],
+                                                                                        0.8)):
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"lora": {"rank": rank, "alpha": 16.0,
+                                                              "targets": "q_proj,v_proj"}}))
+        _marker(run, "test", {"trajectories": 8, "tests_passed": 0.5, "success": 0.5})
+        _marker(run, "critic", {"held_out": {"accuracy": acc}, "steps": 10, "seconds": 5.0})
+        _write_eval(run, "test", test)
+        _write_eval(run, "test_zero_shot", [[0, 1, 0, 0], [0, 0, 0, 0]])
+    proc = _report(lora, "--against", full)
+    assert proc.returncode == 0, proc.stderr
+    md = (lora / "report" / "report.md").read_text()
+    assert "This run: LoRA rank 8, alpha 16 on q_proj,v_proj. That run: full fine-tuning." in md
+    a = {(0, t, r): x for r, row in enumerate([[1, 1, 0, 0], [1, 0, 0, 1]]) for t, x in enumerate(row)}
+    b = {(0, t, r): x for r, row in enumerate([[0, 1, 0, 0], [0, 0, 0, 1]]) for t, x in enumerate(row)}
+    d = paired_difference(a, b)  # the same pairs, keyed by hand: 4 of 8 against 2 of 8
+    assert d["difference"] == pytest.approx(0.25)
+    assert (f"| SWEET-RL | 50.0 | 25.0 | +25.0 | {100 * d['low']:+.1f} to {100 * d['high']:+.1f} | 8 |") in md
+    assert "| Zero-shot | 12.5 | 12.5 | +0.0 | +0.0 to +0.0 | 8 |" in md
+    assert "| critic | 0.700 | 0.800 | 5.0 | 5.0 |" in md
+    assert _report(lora, full, "--against", full).returncode == 2  # one run against one other
+
+
 def test_seeds_report_pairs_the_episodes_of_the_same_task_and_rollout(tmp_path):
     from sweet_jax.data.trajectories import task_key
     from sweet_jax.sweet.paired_stats import paired_difference
 
-    def write(run, stage, outcomes):  # outcomes[rollout][task]: the block layout of an evaluation file
-        (run / "eval").mkdir(exist_ok=True)
-        with open(run / "eval" / f"{stage}_trajectories.jsonl", "w") as fh:
-            for per_task in outcomes:
-                for t, ok in enumerate(per_task):
-                    fh.write(json.dumps({"task": {"problem_description": f"task {t}", "ground_truth": "x"},
-                                         "reward": float(ok)}) + "\n")
+    write = _write_eval
 
     runs, expected_a, expected_b = [], {}, {}
     for i, (sweet, mtdpo) in enumerate([([[1, 1, 0], [1, 0, 0]], [[0, 1, 0], [1, 0, 0]]),

@@ -115,6 +115,84 @@ def test_vllm_cpu_samples_many_seeded_long_prompts_at_once_without_dying():
     assert shared_server_still_the_first("vllm")  # the clients' retries would hide a death and a restart
 
 
+def _start(model, directory, name, adapter=None):
+    """A vLLM server of `model` (with `adapter`: its base plus that PEFT adapter, `--enable-lora`), as the pipeline's
+    backend starts it."""
+    from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=4, dtype="float32",
+                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, extra_args=EAGER)
+    return ManagedServer(server_command(settings, model, port, sys.executable, name, adapter), port,
+                         os.path.join(directory, f"{name}.log"), start_timeout_s=budget.time_left(),
+                         what=f"vLLM of {name}").start()
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_vllm_serves_an_exported_lora_adapter_with_sweet_jax_log_probs(tmp_path):
+    """vLLM's CPU build serves a sweet_jax adapter in PEFT's format on the base export (`--enable-lora`): the log-probs
+    of the tokens it samples with the adapter equal sweet_jax's LoRA forward to 1e-4 (and are not the base's). vLLM's
+    V1 engine has no prompt log-probs for a LoRA request (vllm-project/vllm#29956: the request kills its engine), so
+    a LoRA critic is scored through the merged export: its prompt log-probs equal the LoRA forward to 1e-4."""
+    import jax
+    import numpy as np
+
+    from sweet_jax import models
+    from sweet_jax.inference.prefix_scoring import continuation_logprobs
+    from sweet_jax.models import lora
+    from sweet_jax.sweet import endpoints
+
+    _, model = shared_vllm()
+    base = models.load_model(model, "float32")
+    s = models.config.LoraSettings(rank=8, alpha=16.0, targets=models.config.LORA_TARGETS)
+    keys = iter(jax.random.split(jax.random.key(2), 64))
+    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
+                            lora.init_adapters(base.cfg, s, jax.random.key(1)))
+    adapter_dir = lora.save_peft_adapter(tmp_path / "adapter", adapters, base.cfg, s, base_model=model)
+    adapted, cfg = {**base.params, "lora": adapters}, base.cfg.replace(lora=s)  # the LoRA forward, unmerged
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, 128000, 200).tolist()
+
+    server = _start(model, str(tmp_path), "tiny-lora", adapter_dir)
+    try:
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(server.url + "/v1/completions", json.dumps({
+            "model": "tiny-lora", "prompt": prefix, "max_tokens": 16, "n": 3, "temperature": 1.0, "seed": 0,
+            "logprobs": 0, "return_tokens_as_token_ids": True}).encode(), {"Content-Type": "application/json"})
+        choices = json.load(urllib.request.urlopen(req, timeout=budget.time_left()))["choices"]
+        worst = off = 0.0
+        for ch in choices:
+            tokens = [int(t.split(":")[1]) for t in ch["logprobs"]["tokens"]]
+            theirs = np.asarray(ch["logprobs"]["token_logprobs"])
+            worst = max(worst, float(np.abs(theirs - continuation_logprobs(adapted, cfg, prefix, [tokens])[0]).max()))
+            off = max(off, float(np.abs(theirs - continuation_logprobs(base.params, base.cfg, prefix,
+                                                                       [tokens])[0]).max()))
+        assert worst <= 1e-4 and off > 1e-2, (worst, off)
+    finally:
+        server.stop()
+
+    merged = tmp_path / "merged"
+    models.save_hf_params(lora.merged(adapted, cfg), base.cfg, merged)
+    for f in os.listdir(model):
+        if f.startswith("tokenizer") or f == "special_tokens_map.json":
+            __import__("shutil").copy(os.path.join(model, f), merged)
+    server = _start(str(merged), str(tmp_path), "merged")
+    try:
+        header = rng.integers(0, 128000, 4).tolist()
+        spans = [header + rng.integers(0, 128000, n).tolist() for n in (1, 9, 30)]
+        remote = endpoints.continuation_logprobs(endpoints.Server(server.url + "/v1", "merged"), prefix, spans)
+        local = continuation_logprobs(adapted, cfg, prefix, spans)
+        assert max(float(np.abs(a - b).max()) for a, b in zip(remote, local)) <= 1e-4
+    finally:
+        server.stop()
+
+
 CONFIG = os.path.join(ROOT, "configs", "sweet_backend_tiny.py")
 VLLM_RUN = [
     "--config.inference.backend=vllm", f"--config.inference.vllm_python={VLLM_PYTHON}",

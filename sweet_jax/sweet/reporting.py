@@ -331,7 +331,9 @@ def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
     return [path]
 
 
-def write_report(run_dir: str, out: str | None = None) -> str:
+def write_report(run_dir: str, out: str | None = None, against: str | None = None) -> str:
+    """RUN_DIR/report/report.md (or in `out`); with `against`, another run of the same config and seed, each method
+    set against that run's (`comparison_section`)."""
     run_dir = os.path.abspath(run_dir)
     markers = _markers(run_dir)
     if not markers:
@@ -399,7 +401,55 @@ def write_report(run_dir: str, out: str | None = None) -> str:
         extra_lines, extra_plots = testbed_sections([run_dir], out)
         lines += extra_lines
         plots += extra_plots
+    if against:
+        lines += comparison_section(run_dir, against)
     return _finish_report(out, markers, lines, plots)
+
+
+def _fine_tuning(run_dir: str) -> str:
+    """How a run fine-tunes: "LoRA rank R on TARGETS" or "full fine-tuning" (its config's `lora`)."""
+    path = os.path.join(run_dir, "config.json")
+    lora = (json.load(open(path)).get("lora") or {}) if os.path.exists(path) else {}
+    if not int(lora.get("rank", 0)):
+        return "full fine-tuning"
+    return f"LoRA rank {lora['rank']}, alpha {lora['alpha']:g} on {lora['targets']}"
+
+
+def comparison_section(run_dir: str, other: str) -> list[str]:
+    """This run against `other`, a run of the same config and seed that fine-tunes differently (LoRA against full
+    fine-tuning): every evaluated method's success in both, and the difference over the episodes both played (the
+    same task, its k-th rollout) with a 95% bootstrap interval over them (`sweet.paired_stats`); then the training
+    stages' held-out accuracy side by side."""
+    from sweet_jax.sweet.paired_stats import paired_difference
+
+    other = os.path.abspath(other)
+    if not os.path.isdir(other):
+        raise FileNotFoundError(f"{other}: no such run to compare with (lora.compare_with)")
+    lines = ["", f"## Against `{other}`", "",
+             f"This run: {_fine_tuning(run_dir)}. That run: {_fine_tuning(other)}. Difference: this run's success "
+             f"minus that run's, in points, over the episodes both played.", "",
+             "| method | this run | that run | difference | 95% CI | paired episodes |", "|---|---|---|---|---|---|"]
+    for stage, name in _methods([run_dir]).items():
+        paths = [os.path.join(d, "eval", f"{stage}_trajectories.jsonl") for d in (run_dir, other)]
+        if not all(os.path.exists(p) for p in paths):
+            continue
+        a, b = ({(0, *k): v for k, v in _episode_success(p).items()} for p in paths)
+        if not set(a) & set(b):
+            continue
+        r = paired_difference(a, b)
+        lines.append(f"| {name} | {100 * sum(a.values()) / len(a):.1f} | {100 * sum(b.values()) / len(b):.1f} | "
+                     f"{100 * r['difference']:+.1f} | {100 * r['low']:+.1f} to {100 * r['high']:+.1f} | "
+                     f"{r['episodes']} |")
+    mine, theirs = _markers(run_dir), _markers(other)
+    lines += ["", "| training stage | held-out accuracy, this run | that run | seconds, this run | that run |",
+              "|---|---|---|---|---|"]
+    for stage in TRAINING:
+        if stage in mine and stage in theirs and "held_out" in mine[stage]["summary"]:
+            x, y = mine[stage]["summary"], theirs[stage]["summary"]
+            acc = [s["held_out"].get("accuracy") for s in (x, y)]
+            lines.append(f"| {stage} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in acc)
+                         + f" | {x['seconds']} | {y['seconds']} |")
+    return lines
 
 
 def ask_turns_section(run_dir: str, evaluated: list[tuple[str, str]]) -> list[str]:
@@ -619,11 +669,15 @@ class ReportSettings:
     run_dir: list[str] = flag(help="a pipeline run; several (seeds of one config): also seeds.md", positional=True,
                               required=True)
     output: str | None = flag(None, help="default: RUN_DIR/report (the first run's, for seeds.md)")
+    against: str | None = flag(None, help="another run of the same config and seed (e.g. full fine-tuning against "
+                                          "LoRA): one run's report sets each method against it")
 
 
 def write_reports(s: ReportSettings) -> list[str]:
     """Each run's report, and with several runs the pooled `seeds.md`; returns the paths written."""
-    paths = [write_report(d, s.output if len(s.run_dir) == 1 else None) for d in s.run_dir]
+    if s.against and len(s.run_dir) > 1:
+        raise FileNotFoundError("--against compares one run with another: give one RUN_DIR")
+    paths = [write_report(d, s.output if len(s.run_dir) == 1 else None, s.against) for d in s.run_dir]
     if len(s.run_dir) > 1:
         paths.append(write_seeds_report(s.run_dir, s.output or os.path.join(s.run_dir[0], "report")))
     return paths

@@ -70,15 +70,30 @@ def stage_init(run: Run) -> dict:
 
 def stage_pretrain(run: Run) -> dict:
     return train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
-                  run.cfg.pretrain.overrides, init=run.path("init", "hf"))
+                  run.cfg.pretrain.overrides, init=run.path("init", "hf"), adapters=False)
 
 
-def train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None) -> dict:
+def lora_overrides(run: Run, overrides) -> list[str]:
+    """The run's `lora` settings as a training job's overrides: with rank > 0 every fine-tuning stage trains
+    adapters on the initial policy, except the score-head critics (objective reward or value), whose new head is
+    trained in full."""
+    lora = run.cfg.get("lora")
+    if not lora or not int(lora.rank) or any(o in ("objective=reward", "objective=value") for o in overrides):
+        return []
+    return [f"lora.rank={lora.rank}", f"lora.alpha={lora.alpha}", f"lora.dropout={lora.dropout}",
+            f"lora.targets={lora.targets}"]
+
+
+def train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None,
+          adapters: bool = True) -> dict:
+    """A training stage: `config` with `overrides` on `data`, from `init` (default: the initial policy), with the
+    run's LoRA settings unless not `adapters` (pre-training makes the base)."""
     if run.cfg.serve.get("release_for_training", False) and int(run.cfg.get("jobs", 1)) == 1:
         run.close()  # the kept servers hand the accelerators to the trainer
     out = run.path(stage)
     run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
-        f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides])
+        f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides,
+        *(lora_overrides(run, overrides) if adapters else [])])
     with open(os.path.join(out, "metrics.json")) as fh:
         metrics = json.load(fh)
     return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
@@ -173,7 +188,8 @@ def stage_mtdpo(run: Run) -> dict:
 def stage_report(run: Run) -> dict:
     from sweet_jax.sweet.reporting import write_report
 
-    return {"report": write_report(run.dir)}
+    lora = run.cfg.get("lora")
+    return {"report": write_report(run.dir, against=(lora.get("compare_with") or None) if lora else None)}
 
 
 def text_best_of_n(run: Run, simulator_url: str | None = None) -> dict:

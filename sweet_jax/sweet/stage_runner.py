@@ -41,6 +41,8 @@ log = logging.getLogger("sweet_jax.pipeline")
 # is not safe to call from two threads at once.
 IN_DRIVER = threading.Lock()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: configs/
+# the inference roles that read prompt log-probs (critic scoring): vLLM serves them a LoRA run's merged export
+PROMPT_SCORING_ROLES = ("rank", "reference")
 
 
 try:  # resolved once here: a child runs `_die_with_parent` between fork and exec, where it must not import
@@ -201,24 +203,34 @@ class Run:
         dies. It stops when the block ends, or with `serve.keep` it stays up (warm) for every later stage that serves
         the same model the same way, until `close()`: the tiny pipeline's simulator, and its initial policy, serve
         five evaluation stages. Stages running at the same time share a kept server; the first to need it starts
-        it."""
+        it. A LoRA run's export for a sampling role on vLLM is served as its base with the adapter
+        (`backends.lora_export`)."""
         settings = self.backend(role)
         if settings.backend == "endpoint":
             yield settings.endpoints
             return
+        adapter = name = None
+        if settings.backend == "vllm" and role not in PROMPT_SCORING_ROLES:
+            from sweet_jax.inference.backends import lora_export
+
+            found = lora_export(model)  # a LoRA run's export: vLLM serves its base with the adapter
+            if found:
+                name = os.path.basename(os.path.abspath(model))
+                model, adapter = found
         if not self.cfg.serve.get("keep", False):
-            server = self._start_server(stage, model, settings)
+            server = self._start_server(stage, model, settings, adapter and (name, adapter))
             try:
                 yield server.url + "/v1"
             finally:
                 self._stop(server)
             return
-        key = (os.path.realpath(model), settings)
+        key = (os.path.realpath(model), settings, adapter and (name, os.path.realpath(adapter)))
         with self._lock:
             lock = self._starting.setdefault(key, threading.Lock())
         with lock:
             if key not in self._servers:
-                self._servers[key] = self._launcher().submit(self._start_server, stage, model, settings).result()
+                self._servers[key] = self._launcher().submit(self._start_server, stage, model, settings,
+                                                             adapter and (name, adapter)).result()
         yield self._servers[key].url + "/v1"
 
     def _launcher(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -231,8 +243,8 @@ class Run:
                 self._launch_thread = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kept servers")
             return self._launch_thread
 
-    def _start_server(self, stage: str, model: str, settings):
-        """A `ManagedServer` of `model` that answers /health."""
+    def _start_server(self, stage: str, model: str, settings, adapter: tuple[str, str] | None = None):
+        """A `ManagedServer` of `model` that answers /health; `adapter` = (served name, PEFT adapter directory)."""
         from sweet_jax.inference.backends import ManagedServer, ServerError, server_command
 
         with socket.socket() as s:
@@ -241,7 +253,7 @@ class Run:
         os.makedirs(self.path("logs"), exist_ok=True)
         logfile = self.path("logs", f"{stage}.serve.log")
         try:
-            cmd = server_command(settings, model, port, self.python)
+            cmd = server_command(settings, model, port, self.python, *(adapter or ()))
             server = ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT,
                                    start_timeout_s=settings.start_timeout_s, preexec_fn=_die_with_parent,
                                    what=f"{settings.backend} server of {model}").start()

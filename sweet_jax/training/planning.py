@@ -1,11 +1,30 @@
-"""The text of `python -m sweet_jax.plan`: the mesh given on its command line (`parse_mesh`) and the plan report
-(`format_plan`) of `training.aot.plan_job`'s result. Imports no JAX at import time: the command sets up its fake
-devices first."""
+"""The text of `python -m sweet_jax.plan`: the fake devices it plans on (`fake_cpu_devices`), the mesh given on its
+command line (`parse_mesh`) and the plan report (`format_plan`) of `training.aot.plan_job`'s result. Imports no JAX
+at import time: the command sets up its fake devices first."""
 
 from __future__ import annotations
 
+import os
+
+# XLA:CPU multiplies bf16 in f32: it converts each bf16 weight it multiplies, and the loop-invariant code motion
+# pass then hoists those converts out of the layer loop, an f32 copy of every stacked bf16 weight at once (26 GiB
+# of an 8B model's bf16 base). GPUs and TPUs multiply bf16 as it is, so a plan of bf16 params turns that pass off.
+NO_HOISTED_CONVERTS = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
+BF16_NOTE = ("note: {dtype} params: planned without XLA:CPU's hoisted f32 copies of the weights ("
+             + NO_HOISTED_CONVERTS + "; GPUs and TPUs multiply bf16 as it is)")
+
+
 class PlanError(ValueError):
     pass
+
+
+def fake_cpu_devices(devices: int, bf16_params: bool = False) -> None:
+    """Fake CPU devices, set before jax starts: a plan needs no accelerator and allocates nothing. With
+    `bf16_params`, XLA:CPU's hoisting of f32 weight copies is off (`NO_HOISTED_CONVERTS`)."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               f"--xla_force_host_platform_device_count={devices}"
+                               + (f" {NO_HOISTED_CONVERTS}" if bf16_params else "")).strip()
 
 
 def parse_mesh(text: str | None, config_mesh: dict, devices: int | None) -> tuple[dict, int]:

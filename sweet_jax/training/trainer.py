@@ -496,7 +496,7 @@ def run(cfg) -> dict:
         out = os.path.join(run_dir, "adapter")
         with atomic_directory(out) as target:
             lora.save_peft_adapter(target, jax.device_get(state["params"]["lora"]), model_cfg, model_cfg.lora,
-                                   base_model=cfg.model.hf_path)
+                                   base_model=os.path.abspath(cfg.model.hf_path) if cfg.model.hf_path else "")
             tokenizer.save_pretrained(target)
         log.info("exported the LoRA adapter (PEFT's format) to %s", out)
     if cfg.train.export_hf:
