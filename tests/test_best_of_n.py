@@ -82,6 +82,38 @@ def test_rank_against_the_same_model_gives_zero_advantage_and_pairs_follow_the_r
         assert score[row["chosen"][:-len("<|eot_id|>")]] >= score[row["rejected"][:-len("<|eot_id|>")]]
 
 
+@pytest.mark.slow
+def test_sample_and_rank_take_a_base_model_plus_a_peft_adapter(files, tmp_path):
+    """`sample --adapter` and `rank --critic_adapter` give what the merged model gives: the same candidates for the
+    same seeds, the same scores."""
+    from sweet_jax.models import lora
+
+    s = models.config.LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
+    adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(CFG, s, jax.random.key(3)))
+    lora.save_peft_adapter(tmp_path / "adapter", adapters, CFG, s)
+    base = models.load_hf_params(str(files / "policy"), CFG)
+    models.save_hf_params(lora.merge(base, adapters, s), CFG, tmp_path / "merged")
+    outputs = {}
+    for name, model in (("adapter", ["--model", files / "policy", "--adapter", tmp_path / "adapter"]),
+                        ("merged", ["--model", tmp_path / "merged"])):
+        proc = _run("sample", *model, "--input", files / "traj.jsonl", "--output", tmp_path / f"s_{name}.jsonl",
+                    "--data-fraction", "0.2", "--n", "4", "--max-tokens", "6", "--batch", "2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[name] = [json.loads(line)["additional_outputs"] for line in open(tmp_path / f"s_{name}.jsonl")]
+    assert outputs["adapter"] == outputs["merged"]
+    plain = [json.loads(line)["additional_outputs"] for line in open(files / "sampled.jsonl")][:len(outputs["merged"])]
+    assert plain != outputs["merged"]  # the adapter changes what the policy says
+    scores = {}
+    for name, critic in (("adapter", ["--critic", files / "policy", "--critic_adapter", tmp_path / "adapter"]),
+                         ("merged", ["--critic", tmp_path / "merged"])):
+        proc = _run("rank", *critic, "--input", files / "sampled.jsonl", "--output", tmp_path / f"r_{name}.jsonl",
+                    "--reference", "model", "--reference-model", files / "policy")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        scores[name] = np.asarray([json.loads(line)["judge_result"] for line in open(tmp_path / f"r_{name}.jsonl")])
+    np.testing.assert_allclose(scores["adapter"], scores["merged"], atol=1e-6)
+    assert np.abs(scores["adapter"]).max() > 1e-3  # the adapted critic against its base
+
+
 def test_rank_refuses_a_malformed_sampled_file(files, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input": "x"}\n')

@@ -54,6 +54,13 @@ def test_a_peft_adapter_gives_peft_logits_and_round_trips(tmp_path, family):
     for p in (adapted, models.unstack_layers(adapted)):
         unmerged = np.asarray(models.forward(p, cfg_lora, tokens))
         assert np.abs(unmerged - ref).max() <= 1e-4 and (unmerged.argmax(-1) == ref.argmax(-1)).all()
+    # the merged export, loaded in transformers
+    import transformers
+
+    models.save_hf_params(lora.merged(adapted, cfg_lora), cfg, tmp_path / "merged")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    theirs = hf_logits(merged, tokens)
+    assert np.abs(theirs - ref).max() <= 1e-4 and (theirs.argmax(-1) == ref.argmax(-1)).all()
 
     # ours -> PEFT's format -> PEFT loads it onto the base and gives the same logits; -> ours again, bit for bit
     out = lora.save_peft_adapter(tmp_path / "export", adapters, cfg, settings)
@@ -188,3 +195,25 @@ def test_the_reference_with_adapters_off_equals_a_separately_loaded_base(tmp_pat
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     with pytest.raises(ValueError, match="needs adapters"):
         steps.reference_with_adapters_off(separate, cfg, batch, "trajectory_mean", 8)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2-tiny", "qwen2-vl-tiny"])
+def test_every_registered_family_gets_adapters_through_the_family_seam(name):
+    """Llama, Qwen2 and Qwen2-VL's decoder: adapters beside their base weights give the merged model's logits, and
+    fresh ones the base's (`models.init_params` with `cfg.lora`: the base's own init, unchanged)."""
+    import jax
+
+    cfg = models.preset(name, vocab_size=512, num_layers=2)
+    s = lora.LoraSettings(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+    base = models.init_params(cfg, jax.random.key(0), std=0.1)
+    fresh = models.init_params(cfg.replace(lora=s), jax.random.key(0), std=0.1)
+    assert set(fresh) == set(base) | {"lora"}
+    for a, b in zip(jax.tree.leaves(lora.base_of(fresh)), jax.tree.leaves(base)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    tokens = np.arange(12)[None] % 500
+    ref = np.asarray(models.forward(base, cfg, tokens))
+    assert np.array_equal(np.asarray(models.forward(fresh, cfg.replace(lora=s), tokens)), ref)
+    adapters = jax.tree.map(lambda x: x + 0.2, fresh["lora"])
+    ours = np.asarray(models.forward({**base, "lora": adapters}, cfg.replace(lora=s), tokens))
+    merged = np.asarray(models.forward(lora.merge(base, adapters, s), cfg, tokens))
+    assert np.abs(ours - merged).max() <= 1e-4 and np.abs(ours - ref).max() > 1e-3

@@ -65,9 +65,9 @@ def test_a_lora_job_resumes_bit_identically_after_kill_9_and_exports_what_peft_l
 
     # PEFT puts the exported adapter on the HF base; transformers loads the merged export; sweet_jax loads the run
     tokens = np.random.default_rng(0).integers(0, 8192, (2, 16))
-    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
     adapted = peft.PeftModel.from_pretrained(copy.deepcopy(base), out / "adapter").eval()
-    merged = transformers.AutoModelForCausalLM.from_pretrained(out / "hf", torch_dtype=torch.float32).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32).eval()
     cfg, params, _ = load_model(str(out))
     from sweet_jax import models
 
