@@ -8,11 +8,13 @@ kills and restarts its server, starts its own."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 
 import budget
 import pytest
@@ -115,74 +117,106 @@ def test_vllm_cpu_samples_many_seeded_long_prompts_at_once_without_dying():
     assert shared_server_still_the_first("vllm")  # the clients' retries would hide a death and a restart
 
 
-def _start(model, directory, name, adapter=None):
-    """A vLLM server of `model` (with `adapter`: its base plus that PEFT adapter, `--enable-lora`), as the pipeline's
-    backend starts it."""
-    from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
+def _sampled(url, name, prompt, n=3):
+    """(tokens, their log-probs) of n samples of `prompt` from the server's model `name`."""
+    import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=4, dtype="float32",
-                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, extra_args=EAGER)
-    return ManagedServer(server_command(settings, model, port, sys.executable, name, adapter), port,
-                         os.path.join(directory, f"{name}.log"), start_timeout_s=budget.time_left(),
-                         what=f"vLLM of {name}").start()
+    req = urllib.request.Request(url + "/completions", json.dumps({
+        "model": name, "prompt": prompt, "max_tokens": 12, "n": n, "temperature": 1.0, "seed": 0, "logprobs": 0,
+        "return_tokens_as_token_ids": True}).encode(), {"Content-Type": "application/json"})
+    choices = json.load(urllib.request.urlopen(req, timeout=budget.time_left()))["choices"]
+    return [([int(t.split(":")[1]) for t in ch["logprobs"]["tokens"]], ch["logprobs"]["token_logprobs"])
+            for ch in choices]
 
 
 @needs_vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_vllm_serves_an_exported_lora_adapter_with_sweet_jax_log_probs(tmp_path):
-    """vLLM's CPU build serves a sweet_jax adapter in PEFT's format on the base export (`--enable-lora`): the log-probs
-    of the tokens it samples with the adapter equal sweet_jax's LoRA forward to 1e-4 (and are not the base's). vLLM's
-    V1 engine has no prompt log-probs for a LoRA request (vllm-project/vllm#29956: the request kills its engine), so
-    a LoRA critic is scored through the merged export: its prompt log-probs equal the LoRA forward to 1e-4."""
+def test_one_vllm_server_holds_the_base_and_every_lora_runs_adapter_with_sweet_jax_log_probs(tmp_path):
+    """The pipeline's vLLM backend (`Run.served`) on a LoRA run: two runs' exports (`hf/` beside `adapter/`, PEFT's
+    format) and the base itself get one server, which holds the base once and loads each adapter under its run
+    stage's name, again after the server is killed and restarted. The log-probs of the tokens it samples with each
+    adapter equal sweet_jax's LoRA forward to 1e-4 (and not the base's). vLLM's V1 engine has no prompt log-probs for
+    a LoRA request (vllm-project/vllm#29956: the request kills its engine), so a LoRA critic is scored through its
+    merged export: those prompt log-probs equal the LoRA forward to 1e-4."""
     import jax
+    import ml_collections
     import numpy as np
 
     from sweet_jax import models
+    from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
     from sweet_jax.inference.prefix_scoring import continuation_logprobs
     from sweet_jax.models import lora
     from sweet_jax.sweet import endpoints
+    from sweet_jax.sweet.stage_runner import Run
 
     _, model = shared_vllm()
     base = models.load_model(model, "float32")
     s = models.config.LoraSettings(rank=8, alpha=16.0, targets=models.config.LORA_TARGETS)
-    keys = iter(jax.random.split(jax.random.key(2), 64))
-    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
-                            lora.init_adapters(base.cfg, s, jax.random.key(1)))
-    adapter_dir = lora.save_peft_adapter(tmp_path / "adapter", adapters, base.cfg, s, base_model=model)
-    adapted, cfg = {**base.params, "lora": adapters}, base.cfg.replace(lora=s)  # the LoRA forward, unmerged
+    cfg = base.cfg.replace(lora=s)
+    adapters = {}
+    for i, stage in enumerate(("policy", "rft")):  # two LoRA runs of the same base, as the pipeline's stages
+        keys = iter(jax.random.split(jax.random.key(10 + i), 64))
+        adapters[stage] = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
+                                       lora.init_adapters(base.cfg, s, jax.random.key(i)))
+        lora.save_peft_adapter(tmp_path / stage / "adapter", adapters[stage], base.cfg, s, base_model=model)
+        (tmp_path / stage / "hf").mkdir()
     rng = np.random.default_rng(0)
     prefix = rng.integers(0, 128000, 200).tolist()
 
-    server = _start(model, str(tmp_path), "tiny-lora", adapter_dir)
-    try:
-        import json
-        import urllib.request
-
-        req = urllib.request.Request(server.url + "/v1/completions", json.dumps({
-            "model": "tiny-lora", "prompt": prefix, "max_tokens": 16, "n": 3, "temperature": 1.0, "seed": 0,
-            "logprobs": 0, "return_tokens_as_token_ids": True}).encode(), {"Content-Type": "application/json"})
-        choices = json.load(urllib.request.urlopen(req, timeout=budget.time_left()))["choices"]
+    def check(url, stage):
+        adapted = {**base.params, "lora": adapters[stage]}
         worst = off = 0.0
-        for ch in choices:
-            tokens = [int(t.split(":")[1]) for t in ch["logprobs"]["tokens"]]
-            theirs = np.asarray(ch["logprobs"]["token_logprobs"])
-            worst = max(worst, float(np.abs(theirs - continuation_logprobs(adapted, cfg, prefix, [tokens])[0]).max()))
-            off = max(off, float(np.abs(theirs - continuation_logprobs(base.params, base.cfg, prefix,
-                                                                       [tokens])[0]).max()))
-        assert worst <= 1e-4 and off > 1e-2, (worst, off)
+        for tokens, logprobs in _sampled(url, stage, prefix):
+            worst = max(worst, float(np.abs(np.asarray(logprobs) - continuation_logprobs(
+                adapted, cfg, prefix, [tokens])[0]).max()))
+            off = max(off, float(np.abs(np.asarray(logprobs) - continuation_logprobs(
+                base.params, base.cfg, prefix, [tokens])[0]).max()))
+        assert worst <= 1e-4 and off > 1e-2, (stage, worst, off)
+
+    run = Run(ml_collections.ConfigDict(dict(
+        run_dir=str(tmp_path / "run"), lora=dict(rank=8),
+        serve=dict(max_model_len=1024, max_batch=4, start_timeout_s=budget.time_left(), keep=True),
+        inference=dict(backend="vllm", vllm_python=VLLM_PYTHON, dtype="float32", memory_fraction=MEMORY,
+                       extra_args=EAGER))))
+    try:
+        with (run.served("test", str(tmp_path / "policy" / "hf"), "agent") as policy,
+              run.served("test_rft", str(tmp_path / "rft" / "hf"), "agent") as rft,
+              run.served("test_simulator", model, "simulator") as sim):
+            assert policy == rft == sim and len(run._running) == 1  # one server, one copy of the base
+            assert [run.served_name(str(tmp_path / d / "hf")) for d in ("policy", "rft")] == ["policy", "rft"]
+            check(policy, "policy")
+            check(policy, "rft")
+            assert len(_sampled(policy, run.served_name(model, "simulator"), prefix, n=1)[0][0]) >= 1  # the base
+            server = run._running[0]
+            server._kill_group()  # killed: the watchdog restarts it and the adapters are loaded again
+            deadline = time.time() + budget.time_left() - 60
+            while server.restarts == 0 or not server.wait_healthy(5):
+                assert time.time() < deadline, "the server was not restarted"
+            for _ in range(60):  # the adapters are loaded just after /health answers
+                try:
+                    check(policy, "rft")
+                    break
+                except urllib.error.HTTPError:
+                    time.sleep(1)
+            else:
+                check(policy, "rft")
     finally:
-        server.stop()
+        run.close()
 
     merged = tmp_path / "merged"
+    adapted = {**base.params, "lora": adapters["policy"]}
     models.save_hf_params(lora.merged(adapted, cfg), base.cfg, merged)
     for f in os.listdir(model):
         if f.startswith("tokenizer") or f == "special_tokens_map.json":
-            __import__("shutil").copy(os.path.join(model, f), merged)
-    server = _start(str(merged), str(tmp_path), "merged")
+            shutil.copy(os.path.join(model, f), merged)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = BackendSettings(backend="vllm", max_model_len=1024, max_batch=4, dtype="float32",
+                               memory_fraction=MEMORY, vllm_python=VLLM_PYTHON, extra_args=EAGER)
+    server = ManagedServer(server_command(settings, str(merged), port, sys.executable), port,
+                           str(tmp_path / "merged.log"), start_timeout_s=budget.time_left(), what="vLLM").start()
     try:
         header = rng.integers(0, 128000, 4).tolist()
         spans = [header + rng.integers(0, 128000, n).tolist() for n in (1, 9, 30)]

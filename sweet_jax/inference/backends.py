@@ -8,9 +8,11 @@
 - "endpoint": servers that already run (vLLM on a TPU slice, say): the stage's `endpoints` URLs, comma-separated,
   which the clients take in turn.
 
-A LoRA run's export (`hf/`, the merged model, beside `adapter/`, PEFT's format) is served by vLLM as its base with the
-adapter (`--enable-lora`, `lora_export`) for the roles that sample; vLLM's V1 engine has no prompt log-probs for a
-LoRA request (vllm-project/vllm#29956: they kill its engine), so the roles that score prompts serve the merged export.
+A LoRA run's export (`hf/`, the merged model, beside `adapter/`, PEFT's format; `lora_export`) is served by vLLM as
+its base with the adapter for the roles that sample: the server takes adapters at run time (`lora_rank`, `--enable-
+lora`), each loaded under its own name (`load_adapter`) and loaded again after a restart, so one copy of the base
+serves the base model and every adapter on it. vLLM's V1 engine has no prompt log-probs for a LoRA request
+(vllm-project/vllm#29956: they kill its engine), so the roles that score prompts serve the merged export.
 
 A started server is a `ManagedServer`: it waits for /health, a watchdog restarts it on the same port when it dies
 (the clients retry meanwhile; `restarts` counts, `wait_healthy` waits for the restarted one), and `stop()` ends it
@@ -93,19 +95,32 @@ def lora_export(model: str) -> tuple[str, str] | None:
     return (base, adapter) if base and os.path.isdir(base) else None
 
 
-def _lora_rank(adapter: str) -> int:
-    import json
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM's --max-lora-rank takes that holds adapters of rank `rank`."""
+    return next((v for v in VLLM_LORA_RANKS if v >= rank), rank)
 
-    with open(os.path.join(adapter, "adapter_config.json")) as fh:
-        r = int(json.load(fh)["r"])
-    return next((v for v in VLLM_LORA_RANKS if v >= r), r)
+
+def load_adapter(url: str, name: str, adapter: str, timeout: float = 300.0) -> None:
+    """Load the PEFT adapter directory `adapter` into the vLLM server at `url` (started with `lora_rank`), served
+    as `name` from then on. Loading a name that is already there is no error."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/load_lora_adapter", json.dumps(
+        {"lora_name": name, "lora_path": os.path.abspath(adapter)}).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=timeout).read()
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")
+        if "already been loaded" not in body:
+            raise ServerError(f"{url}: could not load the adapter {adapter} as {name!r}: {body[:500]}") from None
 
 
 def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None,
-                   adapter: str | None = None) -> list[str]:
-    """The command line that serves `model` (an HF directory) on 127.0.0.1:`port` as `name`; with `adapter` (a PEFT
-    LoRA directory), the adapted model under that name: vLLM serves `model` as NAME-base with the adapter as NAME
-    (`--enable-lora`), sweet_jax merges it at load."""
+                   lora_rank: int = 0) -> list[str]:
+    """The command line that serves `model` (an HF directory) on 127.0.0.1:`port` as `name`; with `lora_rank`
+    (vLLM), a server that takes LoRA adapters of up to that rank at run time (`load_adapter`)."""
     name = name or os.path.basename(os.path.abspath(model))
     extra = shlex.split(s.extra_args)
     if s.backend == "sweet_jax":
@@ -114,7 +129,7 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
 
         return [python, *command_line("serve", ServeSettings(
             model=model, port=port, max_model_len=s.max_model_len, max_batch=s.max_batch, mesh=s.mesh or None,
-            served_model_name=name, adapter=adapter)), *extra]
+            served_model_name=name)), *extra]
     if s.backend == "vllm":
         # `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script of the CPU build looks for a
         # distribution named `vllm` and fails
@@ -133,16 +148,16 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
                 cpu += ["--distributed-executor-backend", "uni"]
                 env = ["env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
         lora = []
-        if adapter:
-            lora = ["--enable-lora", "--lora-modules", f"{name}={adapter}", "--max-lora-rank", str(_lora_rank(adapter))]
-            name = f"{name}-base"
+        if lora_rank:
+            lora = ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(lora_rank)), "--max-loras", "4"]
+            env = ["env", *env[1:], "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"]
         return [*env, python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
                 "--host", "127.0.0.1", "--served-model-name", name, *lora, "--max-model-len", str(s.max_model_len),
                 "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
                 "--max-num-seqs", str(s.max_batch), *cpu,
                 *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]
-    if adapter:
-        raise ServerError(f"backend {s.backend!r} serves no adapter")
+    if lora_rank:
+        raise ServerError(f"backend {s.backend!r} takes no adapters")
     if s.backend == "describer":
         from sweet_jax.cli.app import command_line
         from sweet_jax.colbench.describer_server import DescriberSettings
@@ -160,6 +175,8 @@ class ManagedServer:
         self.start_timeout_s, self.preexec_fn, self.what = start_timeout_s, preexec_fn, what
         self.url = f"http://127.0.0.1:{port}"
         self.restarts = 0
+        # run once the server answers /health, after its start and after every restart (adapters loaded again)
+        self.ready_hooks: list = []
         self.proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -244,7 +261,10 @@ class ManagedServer:
                         if self.proc.poll() is not None:
                             break
                         time.sleep(0.5)
-                except OSError as e:
+                    if healthy(self.url):
+                        for hook in list(self.ready_hooks):
+                            hook()
+                except (OSError, ServerError) as e:
                     log.error("could not restart the %s: %s", self.what, e)
 
     def unwatch(self) -> None:

@@ -29,7 +29,7 @@ def collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rol
         run.job(stage, "collect", config=os.path.join(ROOT, "configs", config), overrides={
             "tasks": tasks, "output": output, "limit": c.limit if limit is None else limit, "rollouts": rollouts,
             "max_steps": c.max_steps, "concurrency": c.concurrency, "agent.base_url": agent,
-            "agent.model": os.path.basename(agent_model.rstrip("/")), "agent.max_tokens": c.agent_max_tokens,
+            "agent.model": run.served_name(agent_model, "agent"), "agent.max_tokens": c.agent_max_tokens,
             "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
             "simulator.max_tokens": c.simulator_max_tokens, **frontend})
     return rewards(output, run.frontend)

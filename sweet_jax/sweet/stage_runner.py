@@ -85,6 +85,7 @@ class Run:
         self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}  # one lock per kept server, held while it starts
+        self._adapters: set[tuple[str, str]] = set()  # (server URL, name) of the LoRA adapters loaded into servers
         self._launch_thread: concurrent.futures.ThreadPoolExecutor | None = None  # see `_launcher`
         # The jobs' environment. With `compile_cache` (the default), JAX's persistent compilation cache in
         # RUN/jax_cache: the stages that compile the same programs (the critic ablations, the servers and samplers of
@@ -203,35 +204,68 @@ class Run:
         dies. It stops when the block ends, or with `serve.keep` it stays up (warm) for every later stage that serves
         the same model the same way, until `close()`: the tiny pipeline's simulator, and its initial policy, serve
         five evaluation stages. Stages running at the same time share a kept server; the first to need it starts
-        it. A LoRA run's export for a sampling role on vLLM is served as its base with the adapter
-        (`backends.lora_export`)."""
+        it. On vLLM, a LoRA run's export for a role that samples is its base's server with the adapter loaded, under
+        `served_name(model, role)`: one copy of the base serves it, the base model itself, and every other adapter
+        on it."""
         settings = self.backend(role)
         if settings.backend == "endpoint":
             yield settings.endpoints
             return
-        adapter = name = None
-        if settings.backend == "vllm" and role not in PROMPT_SCORING_ROLES:
+        lora_rank, adapter = self._lora(settings, role), None
+        if lora_rank:
             from sweet_jax.inference.backends import lora_export
 
-            found = lora_export(model)  # a LoRA run's export: vLLM serves its base with the adapter
+            found = lora_export(model)  # a LoRA run's export: its base, with the adapter loaded into the server
             if found:
-                name = os.path.basename(os.path.abspath(model))
-                model, adapter = found
+                name, (model, adapter) = self.served_name(model, role), found
         if not self.cfg.serve.get("keep", False):
-            server = self._start_server(stage, model, settings, adapter and (name, adapter))
+            server = self._start_server(stage, model, settings, lora_rank)
             try:
+                if adapter:
+                    self._with_adapter(server, name, adapter)
                 yield server.url + "/v1"
             finally:
                 self._stop(server)
             return
-        key = (os.path.realpath(model), settings, adapter and (name, os.path.realpath(adapter)))
+        key = (os.path.realpath(model), settings, lora_rank)
         with self._lock:
             lock = self._starting.setdefault(key, threading.Lock())
         with lock:
             if key not in self._servers:
                 self._servers[key] = self._launcher().submit(self._start_server, stage, model, settings,
-                                                             adapter and (name, adapter)).result()
+                                                             lora_rank).result()
+            if adapter:
+                self._with_adapter(self._servers[key], name, adapter)
         yield self._servers[key].url + "/v1"
+
+    def _lora(self, settings, role: str) -> int:
+        """The adapter rank a vLLM server of `role` takes at run time: the run's `lora.rank` for the roles that
+        sample, 0 otherwise (no LoRA run, another backend, or a role that scores prompts)."""
+        lora = self.cfg.get("lora")
+        if settings.backend != "vllm" or role in PROMPT_SCORING_ROLES or not lora or not int(lora.rank):
+            return 0
+        return int(lora.rank)
+
+    def served_name(self, model: str, role: str = "agent") -> str:
+        """The model name a client of `served(stage, model, role)` asks for: the directory's name, or for a LoRA
+        run's export served as an adapter on its base, the run stage's name (one server holds several)."""
+        if self._lora(self.backend(role), role):
+            from sweet_jax.inference.backends import lora_export
+
+            if lora_export(model):
+                return os.path.basename(os.path.dirname(os.path.abspath(model)))
+        return os.path.basename(os.path.abspath(model))
+
+    def _with_adapter(self, server, name: str, adapter: str) -> None:
+        """`adapter` loaded into `server` as `name`, now and after every restart (once per server and name)."""
+        from sweet_jax.inference.backends import load_adapter
+
+        with self._lock:
+            if (server.url, name) in self._adapters:
+                return
+            self._adapters.add((server.url, name))
+        load_adapter(server.url, name, adapter)
+        server.ready_hooks.append(lambda: load_adapter(server.url, name, adapter))
 
     def _launcher(self) -> concurrent.futures.ThreadPoolExecutor:
         """The threads that start the kept servers. A server is sent SIGTERM when the thread that started it ends
@@ -243,8 +277,8 @@ class Run:
                 self._launch_thread = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kept servers")
             return self._launch_thread
 
-    def _start_server(self, stage: str, model: str, settings, adapter: tuple[str, str] | None = None):
-        """A `ManagedServer` of `model` that answers /health; `adapter` = (served name, PEFT adapter directory)."""
+    def _start_server(self, stage: str, model: str, settings, lora_rank: int = 0):
+        """A `ManagedServer` of `model` that answers /health (with `lora_rank`: taking adapters at run time)."""
         from sweet_jax.inference.backends import ManagedServer, ServerError, server_command
 
         with socket.socket() as s:
@@ -253,7 +287,7 @@ class Run:
         os.makedirs(self.path("logs"), exist_ok=True)
         logfile = self.path("logs", f"{stage}.serve.log")
         try:
-            cmd = server_command(settings, model, port, self.python, *(adapter or ()))
+            cmd = server_command(settings, model, port, self.python, lora_rank=lora_rank)
             server = ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT,
                                    start_timeout_s=settings.start_timeout_s, preexec_fn=_die_with_parent,
                                    what=f"{settings.backend} server of {model}").start()
