@@ -51,6 +51,14 @@ def test_a_peft_adapter_gives_peft_logits_and_round_trips(tmp_path, family):
     # the training form: adapters beside the base weights, each projection adding its (x A) B, scanned over layers;
     # and the inference layout, which carries them per layer
     adapted, cfg_lora = {**params, "lora": adapters}, cfg.replace(lora=settings)
+    # the same through the public surface: load_hf_params with the adapter's lora settings gives the training form
+    loaded = models.load_hf_params(str(base_dir), cfg_lora, adapter=str(adapter_dir))
+    assert np.array_equal(np.asarray(models.forward(loaded, cfg_lora, tokens)),
+                          np.asarray(models.forward(adapted, cfg_lora, tokens)))
+    with pytest.raises(models.CheckpointError, match="give the adapter directory"):
+        models.load_hf_params(str(base_dir), cfg_lora)
+    with pytest.raises(lora.AdapterError, match="not the model config's lora"):
+        models.load_hf_params(str(base_dir), cfg.replace(lora=lora.LoraSettings(rank=2)), adapter=str(adapter_dir))
     for p in (adapted, models.unstack_layers(adapted)):
         unmerged = np.asarray(models.forward(p, cfg_lora, tokens))
         assert np.abs(unmerged - ref).max() <= 1e-4 and (unmerged.argmax(-1) == ref.argmax(-1)).all()

@@ -102,14 +102,24 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
 
     dtype: target dtype (default float32). shardings: optional pytree of `jax.sharding.Sharding` matching the params;
     each array is then assembled directly on its devices from per-device mmap slices. adapter: a PEFT LoRA adapter
-    directory, merged into the weights it adapts (`models.lora`): the adapted model.
+    directory (`models.lora`): the adapted model, its adapters merged into the weights they adapt, or with a config
+    that has the adapter's `lora` settings, beside them (the training form, under "lora").
     """
-    if adapter is not None:
+    if adapter is not None or (cfg is not None and cfg.lora is not None):
         from sweet_jax.models import lora
 
         cfg = cfg if cfg is not None else load_config(os.fspath(hf_dir))
-        adapters, settings = lora.load_peft_adapter(adapter, cfg)
-        return lora.merge(load_hf_params(hf_dir, cfg, dtype, shardings), adapters, settings)
+        base_cfg = cfg.replace(lora=None)
+        if adapter is None:
+            raise CheckpointError(f"{hf_dir}: the model config has lora settings, so give the adapter directory "
+                                  f"(adapter=...; fresh adapters: models.lora.init_adapters)")
+        adapters, settings = lora.load_peft_adapter(adapter, base_cfg)
+        base = load_hf_params(hf_dir, base_cfg, dtype, shardings and lora.base_of(shardings))
+        if cfg.lora is None:
+            return lora.merge(base, adapters, settings)
+        if settings != cfg.lora:
+            raise lora.AdapterError(f"{adapter}: its settings {settings} are not the model config's lora {cfg.lora}")
+        return {**base, "lora": jax.device_put(adapters, shardings["lora"]) if shardings else adapters}
     hf_dir = os.fspath(hf_dir)
     if cfg is None:
         cfg = load_config(hf_dir)
