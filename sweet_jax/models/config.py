@@ -54,18 +54,14 @@ class LoraSettings:
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
     def __post_init__(self):
-        if isinstance(self.targets, str) or not isinstance(self.targets, tuple):
-            object.__setattr__(self, "targets", tuple(
-                t.strip() for t in (self.targets.split(",") if isinstance(self.targets, str) else self.targets)
-                if t.strip()))
-        unknown = [t for t in self.targets if t not in LORA_TARGETS]
-        if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
-            raise ConfigError(f"LoRA targets must be distinct names among {', '.join(LORA_TARGETS)}, got "
-                              f"{list(self.targets)}")
+        names = self.targets.split(",") if isinstance(self.targets, str) else self.targets
+        targets = [t.strip() for t in names if t.strip()]
+        if not targets or len(set(targets)) != len(targets) or not set(targets) <= set(LORA_TARGETS):
+            raise ConfigError(f"LoRA targets must be distinct names among {', '.join(LORA_TARGETS)}, got {targets}")
         if self.rank < 1 or not 0 <= self.dropout < 1:
             raise ConfigError(f"LoRA rank must be >= 1 and dropout in [0, 1), got rank={self.rank}, "
                               f"dropout={self.dropout}")
-        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in self.targets))
+        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in targets))  # the decoder's order
 
     @property
     def scale(self) -> float:

@@ -123,7 +123,8 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
         params = manager.restore(step, args=ocp.args.PyTreeRestore(item={"params": abstract},
                                                                    partial_restore=True))["params"]
         if cfg.lora is not None:
-            params = lora.merge(_run_base(run.model, cfg.replace(lora=None), place), params["lora"], cfg.lora)
+            base = initial_params(run.model, cfg.replace(lora=None), lora.base_of(place) if place else None)
+            params = lora.merge(base, params["lora"], cfg.lora)
             cfg = cfg.replace(lora=None)
         log.info("loaded %s step %d", path, step)
         tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
@@ -140,13 +141,18 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
     return LoadedModel(cfg, llama.unstack_layers(params) if inference_layout else params, tokenizer)
 
 
-def _run_base(model_section, cfg, shardings) -> dict:
-    """The base model of a LoRA training run, as its trainer built it: its HF checkpoint, or the random init of its
-    seed (`training.trainer.load_params`)."""
+def initial_params(model_section, cfg, shardings=None) -> dict:
+    """The params a job of `model_section` (see `training.defaults`) starts from, each array built directly in its
+    sharding: `hf_path`'s checkpoint, else the random init of `init_seed` and `init_std`; with `cfg.lora`, fresh
+    adapters beside the base (B = 0: the model starts as its base)."""
     import jax
 
-    base_shardings = lora.base_of(shardings) if shardings else None
-    if model_section.get("hf_path"):
-        return load_hf_params(model_section.hf_path, cfg, dtype=cfg.param_dtype, shardings=base_shardings)
-    init = jax.jit(llama.init_params, static_argnums=(0, 2), out_shardings=base_shardings)
-    return init(cfg, jax.random.key(model_section.init_seed), model_section.init_std)
+    if not model_section.get("hf_path"):
+        init = jax.jit(llama.init_params, static_argnums=(0, 2), out_shardings=shardings)
+        return init(cfg, jax.random.key(model_section.init_seed), model_section.init_std)
+    if cfg.lora is None:
+        return load_hf_params(model_section.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
+    base = load_hf_params(model_section.hf_path, cfg.replace(lora=None), dtype=cfg.param_dtype,
+                          shardings=lora.base_of(shardings) if shardings else None)
+    init = jax.jit(lora.init_adapters, static_argnums=(0, 1), out_shardings=shardings["lora"] if shardings else None)
+    return {**base, "lora": init(cfg, cfg.lora, jax.random.key(model_section.init_seed))}

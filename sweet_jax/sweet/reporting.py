@@ -408,8 +408,7 @@ def write_report(run_dir: str, out: str | None = None, against: str | None = Non
 
 def _fine_tuning(run_dir: str) -> str:
     """How a run fine-tunes: "LoRA rank R on TARGETS" or "full fine-tuning" (its config's `lora`)."""
-    path = os.path.join(run_dir, "config.json")
-    lora = (json.load(open(path)).get("lora") or {}) if os.path.exists(path) else {}
+    lora = _run_config(run_dir).get("lora") or {}
     if not int(lora.get("rank", 0)):
         return "full fine-tuning"
     return f"LoRA rank {lora['rank']}, alpha {lora['alpha']:g} on {lora['targets']}"
@@ -512,12 +511,17 @@ def _finish_report(out: str, markers: dict, lines: list[str], plots: list[str]) 
     return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
 
 
-def _task_type(run_dir: str) -> str:
+def _run_config(run_dir: str) -> dict:
+    """A pipeline run's config.json, or {} for a run without one."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
-        return "backend"
+        return {}
     with open(path) as fh:
-        return json.load(fh).get("task_type", "backend")
+        return json.load(fh)
+
+
+def _task_type(run_dir: str) -> str:
+    return _run_config(run_dir).get("task_type", "backend")
 
 
 def _is_frontend(run_dir: str) -> bool:

@@ -146,11 +146,10 @@ def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: 
     layout = Layout(mesh, model_cfg, tx, obj.frozen_names(cfg.optim.freeze, model_cfg), sharding.parse_rules(rules))
     batch = abstract_batch(layout, rows_of(cfg, micro, turn_len), seq_len, cfg.objective, turn_len,
                            cfg.data.min_bucket, planned_patches(cfg, model_cfg))
-    lora = model_cfg.lora
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
                              chunk=cfg.train.logprob_chunk,
                              reference_in_step=obj.in_step_reference(cfg.objective, cfg.loss, model_cfg),
-                             dropout_seed=0 if lora is not None and lora.dropout > 0 else None)
+                             dropout_seed=int(cfg.train.seed))
     return step.lower(layout.abstract_state(), batch).compile(), layout
 
 

@@ -175,7 +175,8 @@ def make_train_step(tx: optax.GradientTransformation, freeze: tuple[str, ...] = 
                     dropout_seed: int | None = None, **loss_kw):
     """state {params, opt_state (of the trainable part, see `split_params`), step} -> (state, metrics), jitted with
     the state donated (jit=False: the plain function, for `partitioning.Layout` to compile for a mesh). With
-    `dropout_seed`, adapter dropout draws its masks from (seed, step): a resumed run draws the same ones."""
+    `dropout_seed`, adapter dropout (`model_cfg.lora.dropout` > 0; otherwise the key goes unused) draws its masks
+    from (seed, step): a resumed run draws the same ones."""
     loss = functools.partial(loss_fn, **loss_kw)
     grad_fn = jax.value_and_grad(lambda trainable, frozen, batch, key: loss({**trainable, **frozen}, batch,
                                                                             dropout_key=key), has_aux=True)

@@ -39,6 +39,7 @@ from sweet_jax.data.buckets import default_buckets
 from sweet_jax.files.atomic import atomic_directory, atomic_file, write_json, write_text
 from sweet_jax.parallel import distributed, sharding
 from sweet_jax.models import lora
+from sweet_jax.models.loading import initial_params
 from sweet_jax.models.qwen2_vl_images import ImageSettings
 from sweet_jax.training import image_pairs, partitioning, splits
 from sweet_jax.training import steps as obj
@@ -65,20 +66,6 @@ def model_config(model_cfg, objective: str = "", tokenizer: str | None = None, l
         raise SetupError(f"LoRA (lora.rank={cfg.lora.rank}) trains the log-prob objectives (critic, dpo, sft); "
                          f"objective {objective!r} trains a new score head: set lora.rank=0")
     return cfg
-
-
-def load_params(model_cfg, cfg: models.ModelConfig, shardings) -> dict:
-    """The initial params, each array built directly in its sharding (a 70B model never sits on one device). With
-    adapters (`cfg.lora`): the base model's params and fresh adapters (B = 0: the model starts as its base)."""
-    if model_cfg.hf_path:
-        if cfg.lora is None:
-            return models.load_hf_params(model_cfg.hf_path, cfg, dtype=cfg.param_dtype, shardings=shardings)
-        base = models.load_hf_params(model_cfg.hf_path, cfg.replace(lora=None), dtype=cfg.param_dtype,
-                                     shardings=lora.base_of(shardings))
-        init = jax.jit(lora.init_adapters, static_argnums=(0, 1), out_shardings=shardings["lora"])
-        return {**base, "lora": init(cfg, cfg.lora, jax.random.key(model_cfg.init_seed))}
-    init = jax.jit(models.init_params, static_argnums=(0, 2), out_shardings=shardings)
-    return init(cfg, jax.random.key(model_cfg.init_seed), model_cfg.init_std)
 
 
 def checkpointed(state: dict) -> dict:
@@ -377,7 +364,7 @@ def run(cfg) -> dict:
                          f"optim.batch_size to a multiple of it)")
     log.info("mesh %s on %d %s device(s), %d process(es)", dict(mesh.shape), mesh.size, jax.devices()[0].platform,
              jax.process_count())
-    params0 = load_params(cfg.model, model_cfg, layout.params)
+    params0 = initial_params(cfg.model, model_cfg, layout.params)  # each array built in its sharding
 
     pad_id = tokenized.pad_id
     batcher = Batcher(cfg, pad_id, layout, model_cfg)
@@ -389,8 +376,7 @@ def run(cfg) -> dict:
     in_step = obj.in_step_reference(cfg.objective, cfg.loss, model_cfg)
     loss_kw = dict(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss, chunk=cfg.train.logprob_chunk,
                    reference_in_step=in_step)
-    dropout = model_cfg.lora is not None and model_cfg.lora.dropout > 0
-    train_step = layout.train_step(dropout_seed=cfg.train.seed if dropout else None, **loss_kw)
+    train_step = layout.train_step(dropout_seed=cfg.train.seed, **loss_kw)
     eval_step = layout.eval_step(**loss_kw)
     score_fn = layout.score_fn(cfg.loss.reduction, cfg.train.logprob_chunk) if with_ref else None
     ref_train = ref_eval = None
