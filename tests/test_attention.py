@@ -11,20 +11,6 @@ from multidevice import run_with_devices
 attention = import_module("sweet_jax.models.attention")  # the module (sweet_jax.models.attention is the function)
 
 
-def test_auto_picks_splash_on_tpu_cudnn_on_gpu_and_the_reference_elsewhere(monkeypatch):
-    resolve = attention.resolve_impl
-    assert resolve("auto", jnp.bfloat16, (256, 256)) == ("cudnn" if jax.default_backend() == "gpu" else "reference")
-    assert resolve("auto", jnp.float32, (256, 256)) == "reference"
-    assert resolve("splash", jnp.float32, (256, 256)) == "splash"
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    assert resolve("auto", jnp.bfloat16, (256, 256)) == "splash"
-    assert resolve("auto", jnp.bfloat16, (192, 192)) == "reference"  # not whole 128-token tiles
-    assert resolve("auto", jnp.bfloat16, (1, 256)) == "reference"  # a decode step
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert resolve("auto", jnp.bfloat16, (256, 256)) == "cudnn"
-    assert resolve("auto", jnp.float32, (256, 256)) == "reference"
-
-
 def _inputs(b=2, t=256, s=256, n=4, k=2, h=64, seed=0):
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
@@ -185,15 +171,14 @@ def test_segment_layout_by_hand():
     assert layout.runs_ok.tolist() == [True, True, False, True, True, True]
 
 
-@pytest.mark.parametrize("rows,impl,path", [((1,), "cudnn", "WHOLE_ROWS"), ((1, 1), "xla", "WHOLE_ROWS"),
-                                            ((1, 3, 4), "cudnn", "ONE_SEGMENT"), ((1, 3, 4), "xla", "ONE_SEGMENT"),
-                                            ((0, 1, 3), "cudnn", "PACKED"), ((0, 1, 3), "xla", "MASKED"),
-                                            ((0, 2), "cudnn", "MASKED"), ((0, 5), "cudnn", "MASKED")])
-def test_fused_path_by_layout(rows, impl, path):
+@pytest.mark.parametrize("rows,path", [((1,), "WHOLE_ROWS"), ((1, 1), "WHOLE_ROWS"), ((1, 3, 4), "ONE_SEGMENT"),
+                                       ((0, 1, 3), "PACKED"), ((0, 2), "MASKED"), ((0, 5), "MASKED")])
+def test_fused_path_by_layout(rows, path):
     """Rows of one segment: the kernel's own causal mask (with the rows' lengths where there is padding); packed
-    rows: cuDNN's offsets; left padding or more than `max_segments` segments in any row: the explicit mask."""
+    rows: a packed kernel's offsets; left padding or more than `max_segments` segments in any row: a kernel that
+    reads segment ids (or the explicit mask)."""
     layout = attention.segment_layout(_SEGMENTS[jnp.array(rows)], max_segments=4)
-    assert int(attention.fused_path(layout, impl, max_segments=4)) == getattr(attention, path)
+    assert int(attention.fused_path(layout, max_segments=4)) == getattr(attention, path)
 
 
 def test_packed_layout_describes_the_segment_mask():
@@ -234,23 +219,24 @@ def test_segment_attention_values_and_gradients_match_the_reference(rows):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_cudnn_segment_attention_lowers_for_gpu_with_no_mask(monkeypatch):
-    """The cuDNN paths, built for a GPU from this CPU (jax's cuDNN version checks stubbed): forward and backward
-    lower to cuDNN's fused attention, and the one-segment and packed branches hand it no mask or bias (a masked
-    call has one more operand, the [B, 1, T, T] bias)."""
-    cudnn = attention._cudnn_packed_api()
-    if cudnn is None:
-        pytest.skip("this jax has no packed cuDNN attention")
-    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
-    monkeypatch.setattr(cudnn, "check_compute_capability", lambda cap: True)
+@pytest.mark.parametrize("device,cudnn_calls", [("h100", 3), ("a100", 2)])
+def test_cudnn_segment_attention_lowers_for_each_gpu_with_no_mask(device, cudnn_calls):
+    """The cuDNN paths, built for a simulated GPU from this CPU (jax's own checks answer for it): forward and backward
+    lower to cuDNN's fused attention for whole rows and one segment with lengths (and packed offsets on the H100),
+    and to the Triton flash kernel for the layouts cuDNN takes no other way; no kernel takes a [B, 1, T, T] mask."""
+    from sweet_jax.models import kernel_choice
+    from sweet_jax.parallel import devices
+
     q, k, v, _, _ = _inputs(b=2, t=32, s=32, n=4, k=2, h=64)
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     seg = jnp.repeat(_SEGMENTS[:2], 6, axis=1)[:, :32]
     loss = lambda q, k, v: attention.attention(q, k, v, seg, seg, impl="cudnn").astype(jnp.float32).sum()  # noqa
-    text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if "custom_call @__cudnn$fmha" in line]
-    forward = [c for c in calls if "Backward" not in c]
-    assert len(forward) == 4 and len(calls) == 8, calls  # the masked, one-segment, whole-row and packed branches
-    operands = sorted(c.split("(", 1)[1].split(")")[0].count("%") for c in forward)
-    # q, k, v (whole rows); q, k, v + the bias (masked); + the two lengths (one segment); + the two offsets (packed)
-    assert operands == [3, 4, 5, 7], operands
+    with devices.simulate(device):
+        text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    calls = kernel_choice.kernel_calls(text)
+    forward = [c for c in calls if c.family == "cudnn" and "Backward" not in c.target]
+    assert len(forward) == cudnn_calls and len([c for c in calls if c.family == "cudnn"]) == 2 * cudnn_calls
+    assert {c.name for c in calls if c.family == "triton"} == {"mha_forward", "mha_backward",
+                                                               "mha_preprocess_backward"}
+    assert sum(c.packed_segments > 1 for c in forward) == (device == "h100")
+    assert kernel_choice.square_operands(text, 32) == []

@@ -146,11 +146,11 @@ def test_paged_settings_are_checked():
 
 @pytest.mark.slow
 def test_the_paged_decode_kernel_gives_the_dense_tokens(params):
-    """JAX's Pallas paged-attention kernel (the GPU decode path; here in interpret mode), on pools in its layout:
-    the dense cache's greedy and sampled tokens, and its log-probs to 1e-5 (the kernel's online softmax rounds
-    differently from the einsum's)."""
+    """The Triton paged decode kernel (the GPU decode path; here in interpret mode, `--paged-kernel on`), on pools in
+    its layout: the dense cache's greedy and sampled tokens, and its log-probs to 1e-5 (the kernel's online softmax
+    rounds differently from the einsum's)."""
     dense, _ = _run(params)
-    kernel, stats = _run(params, page_size=8, page_kernel=True)
+    kernel, stats = _run(params, page_size=8, paged_kernel="on")
     assert stats["reused_tokens"] > 0
     for i in dense:
         for a, b in zip(dense[i], kernel[i], strict=True):
@@ -181,15 +181,66 @@ def _kernel_case(dtype=np.float32):
     return (q, k_pages, v_pages, pages, lengths), expected
 
 
-@pytest.mark.parametrize("platform", ["gpu", "tpu"])
-def test_each_paged_decode_kernel_reads_only_each_rows_live_pages(platform):
-    """JAX's Pallas paged-attention kernels, the GPU's (interpret mode) and the TPU's (TPU interpret mode), against
-    a float64 reference over each row's live keys."""
-    from sweet_jax.models.attention import paged_decode_attention
+@pytest.mark.parametrize("device", ["a100", "l4", "h100", "tpu-v5e"])
+def test_each_paged_decode_kernel_reads_only_each_rows_live_pages(device):
+    """The paged decode kernel each simulated device gets, with its own blocks: the Triton kernel (interpret mode)
+    on the GPUs, JAX's Mosaic kernel (TPU interpret mode) on the TPU, against a float64 reference over each row's
+    live keys."""
+    from sweet_jax.models import kernel_choice
+    from sweet_jax.models.paged_attention import paged_decode_attention
+    from sweet_jax.parallel import devices
 
     args, expected = _kernel_case()
-    out = paged_decode_attention(*(jnp.asarray(a) for a in args), platform=platform)
+    with devices.simulate(device, interpret=True):
+        choice = kernel_choice.paged_decode("auto", args[1].shape[2], args[3].shape[1], args[1].shape[3])
+        assert choice.kernel == ("mosaic" if device.startswith("tpu") else "triton") and choice.interpret
+        out = paged_decode_attention(*(jnp.asarray(a) for a in args))
     np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)
+
+
+@pytest.mark.parametrize("per_block,splits", [(1, 1), (2, 2), (1, 4), (4, 1)])
+def test_the_triton_paged_kernel_with_any_blocks_and_partitions(per_block, splits):
+    """Pages per block and partitions of each row's pages, every combination the table's 4 pages allow: the same
+    attention (partitions that hold no live page drop out of the f32 combine)."""
+    from sweet_jax.models.kernel_choice import PagedDecode
+    from sweet_jax.models.paged_attention import paged_decode_attention
+
+    args, expected = _kernel_case()
+    out = paged_decode_attention(*(jnp.asarray(a) for a in args),
+                                 choice=PagedDecode("triton", per_block, splits, interpret=True))
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)
+
+
+def test_the_triton_paged_kernel_keeps_partitions_in_float32():
+    """bf16 pools and queries over 4 partitions: the kernel's partition outputs, maxima and sums are f32 (JAX's own
+    kernel stores each partition's unnormalised output in the query's dtype, bf16, and combines them in bf16), and
+    the result is the float64 reference within 1.25 bf16 steps of each head's largest output (the probabilities meet
+    the values in bf16: 1.12 measured, for 1, 2 or 4 partitions alike)."""
+    from sweet_jax.models.kernel_choice import PagedDecode
+    from sweet_jax.models.paged_attention import paged_decode_attention
+
+    args, expected = _kernel_case()
+    q, k_pages, v_pages, pages, lengths = (jnp.asarray(a, jnp.bfloat16) if i < 3 else jnp.asarray(a)
+                                           for i, a in enumerate(args))
+    choice = PagedDecode("triton", 1, 4, interpret=True)
+    fn = lambda *a: paged_decode_attention(*a, choice=choice)  # noqa: E731
+    jaxpr = jax.make_jaxpr(fn)(q, k_pages, v_pages, pages, lengths)
+    calls = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+    assert calls and all(v.aval.dtype == jnp.float32 for e in calls for v in e.outvars), calls
+    out = np.asarray(fn(q, k_pages, v_pages, pages, lengths).astype(jnp.float32))
+    step = 2.0 ** (np.floor(np.log2(np.abs(expected).max(axis=-1, keepdims=True))) - 7)  # one bf16 step
+    assert np.all(np.abs(out - expected) <= 1.25 * step), float(np.max(np.abs(out - expected) / step))
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those inside sub-jaxprs (pjit, vmap's batched calls) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    yield from _equations(getattr(inner, "jaxpr", inner))
 
 
 def test_the_paged_decode_kernel_split_over_kv_heads_equals_one_device():
@@ -201,14 +252,16 @@ def test_the_paged_decode_kernel_split_over_kv_heads_equals_one_device():
     out = run_with_devices("""
         import numpy as np, jax, jax.numpy as jnp
         from test_paged_cache import _kernel_case
-        from sweet_jax.models.attention import paged_decode_attention
+        from sweet_jax.models.kernel_choice import PagedDecode
+        from sweet_jax.models.paged_attention import paged_decode_attention
         from sweet_jax.parallel import sharding
         args, expected = _kernel_case()
         mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 2})
         with sharding.use_mesh(mesh):
             q, kp, vp, pages, lengths = (jnp.asarray(a) for a in args)
             kp, vp = (jax.device_put(x, jax.NamedSharding(mesh, jax.P("tensor"))) for x in (kp, vp))
-            out = jax.jit(lambda *a: paged_decode_attention(*a, platform="gpu"))(q, kp, vp, pages, lengths)
+            choice = PagedDecode("triton", 1, 2, interpret=True)
+            out = jax.jit(lambda *a: paged_decode_attention(*a, choice=choice))(q, kp, vp, pages, lengths)
             print(len(out.sharding.device_set), float(np.abs(np.asarray(out) - expected).max()))
     """, n=2, timeout=120)
     devices, error = out.split()

@@ -37,11 +37,12 @@ class Engine:
     def __init__(self, params, cfg: models.ModelConfig, tokenizer, *, chat_format: str | None = None,
                  model_name: str = "sweet_jax", max_batch: int = 64, max_model_len: int = 8192,
                  stream_segment: int = 8, prefill_chunk: int = 256, placement: Placement | None = None,
-                 image_settings=None, page_size: int | None = None, kv_pages: int | None = None):
+                 image_settings=None, page_size: int | None = None, kv_pages: int | None = None,
+                 paged_kernel: str = "auto"):
         self.placement = placement or Placement.build()
         self.scheduler = Scheduler(params, cfg, self.placement, slots=max_batch, context=max_model_len,
                                    segment=stream_segment, prefill_chunk=prefill_chunk, page_size=page_size,
-                                   kv_pages=kv_pages)
+                                   kv_pages=kv_pages, paged_kernel=paged_kernel)
         # the placed weights (inference layout); the caller should drop its own to hold one copy
         self.params, self.cfg, self.tokenizer = self.scheduler.params, self.scheduler.cfg, tokenizer
         self.model_name = model_name

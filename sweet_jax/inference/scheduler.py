@@ -73,14 +73,14 @@ class Job:
 class Scheduler:
     def __init__(self, params, cfg, placement: Placement | None = None, *, slots: int = 64, context: int = 8192,
                  segment: int = 16, prefill_chunk: int = 256, prefill_budget: int = 2048,
-                 page_size: int | None = None, kv_pages: int | None = None, page_kernel: bool | None = None):
+                 page_size: int | None = None, kv_pages: int | None = None, paged_kernel: str = "auto"):
         if segment < 1:
             raise ValueError(f"segment must be >= 1, got {segment}")
         self.placement = placement or Placement.build()
         self.params, self.cfg = self.placement.prepare(params, cfg)
         self.slots, self.context, self.segment = slots, context, segment
         self.programs = slot_programs(self.cfg, self.placement, slots, context, prefill_chunk, page_size, kv_pages,
-                                      page_kernel)
+                                      paged_kernel)
         self.pool = (PagePool(self.programs.pages, page_size, slots, self.programs.max_pages)
                      if self.programs.paged else None)
         self.prefill_budget = prefill_budget

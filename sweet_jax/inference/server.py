@@ -40,6 +40,11 @@ class ServeSettings:
     kv_pages: int | None = flag(None, help="with --page-size: pages in the cache, shared by all slots (default: as "
                                            "many as the dense cache would hold); a request waits for the pages its "
                                            "prompt and max_tokens can fill")
+    paged_kernel: str = flag("auto", choices=("auto", "on", "off"),
+                             help="with --page-size: decode on the paged attention kernel, which reads each row's live "
+                                  "pages only ('auto': where the device has one that fits the pages, the Triton "
+                                  "kernel on NVIDIA GPUs from sm80 or Mosaic on TPUs; 'on': that kernel or an error "
+                                  "naming the device; 'off': gather the pages and attend densely)")
     max_image_pixels: int | None = flag(None, help="a vision-language model's images are resized to at most this "
                                                    "many pixels (default: its preprocessor_config.json's max_pixels)")
 
@@ -61,7 +66,7 @@ def serve(s: ServeSettings) -> None:
                     model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
                     stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk, page_size=s.page_size,
-                    kv_pages=s.kv_pages, placement=placement,
+                    kv_pages=s.kv_pages, paged_kernel=s.paged_kernel, placement=placement,
                     image_settings=ImageSettings.of_model(s.model, max_pixels=s.max_image_pixels))
     del loaded  # the engine holds the params
     log.info("serving %s on http://%s:%d/v1 (%s, %d slots x %d tokens)", s.model, s.host, s.port,

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax import models
-from sweet_jax.models import qwen2_vl
+from sweet_jax.models import kernel_choice, qwen2_vl
 from sweet_jax.inference.placement import Placement
 from sweet_jax.inference.sampling import MAX_STOP_TOKENS, SamplingParams, sample_logits
 
@@ -61,7 +61,7 @@ class SlotPrograms:
     `slot_programs`, which caches them: jit compiles each program once per static shape."""
 
     def __init__(self, cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
-                 page_size: int | None = None, pages: int | None = None, page_kernel: bool | None = None):
+                 page_size: int | None = None, pages: int | None = None, paged_kernel: str = "auto"):
         if slots % placement.data:
             raise ValueError(f"{slots} decode slots do not split over data={placement.data}")
         if chunk < 1:
@@ -78,10 +78,11 @@ class SlotPrograms:
                 raise ValueError(f"page_size {page_size} must divide the prefill chunk ({self.chunk} tokens)")
             self.max_pages = self.positions // page_size
             self.pages = pages or slots * self.max_pages + 1  # default: the dense cache's memory, and scratch
-        # decoding on the paged kernel (`models.attention.paged_decode_attention`, its pools' layout): by default
-        # where JAX ships one, on a GPU or a TPU
-        accelerator = jax.default_backend() in ("gpu", "tpu")
-        self.page_kernel = self.paged and (accelerator if page_kernel is None else page_kernel)
+        # decoding on the paged kernel (`models.paged_attention`, its pools' layout): "auto" where the device has one
+        # that fits these pages, "on" (or an error naming the device), "off"
+        self.paged_decode = (kernel_choice.paged_decode(paged_kernel, page_size, self.max_pages, cfg.head_dim)
+                             if self.paged else kernel_choice.PagedDecode(None, note="a dense cache"))
+        self.page_kernel = self.paged_decode.kernel is not None
         abstract_state = jax.eval_shape(self._zeros)
         self.state_shardings = placement.shardings(_state_names(cfg, self.paged, self.page_kernel), abstract_state)
         abstract_params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
@@ -374,7 +375,7 @@ class SlotPrograms:
 @functools.lru_cache(maxsize=32)
 def slot_programs(cfg, placement: Placement, slots: int, context: int, chunk: int = 256,
                   page_size: int | None = None, pages: int | None = None,
-                  page_kernel: bool | None = None) -> SlotPrograms:
+                  paged_kernel: str = "auto") -> SlotPrograms:
     """The (cached) programs for a placed model config (`Placement.prepare`), a state shape, a prefill chunk and
-    (for a paged KV cache) its page size, page count and decode kernel."""
-    return SlotPrograms(cfg, placement, slots, context, chunk, page_size, pages, page_kernel)
+    (for a paged KV cache) its page size, page count and decode kernel setting ("auto", "on", "off")."""
+    return SlotPrograms(cfg, placement, slots, context, chunk, page_size, pages, paged_kernel)

@@ -1,18 +1,20 @@
 """Attention behind one dispatch function.
 
-Implementations (chosen by `LlamaConfig.attention_impl`):
+Implementations (`LlamaConfig.attention_impl`; what "auto" stands for and whether an explicit choice can run are
+decided in Python from the device, `kernel_choice.attention_impl`, before anything is traced):
 - "reference": grouped-query einsum with an explicit boolean mask and f32 softmax, in static causal query blocks,
   with a hand-written backward from the saved log-sum-exp (`_attend`). The CPU path, and tested against autodiff
   of the plain formula.
 - "xla": `jax.nn.dot_product_attention(implementation="xla")`.
-- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only).
-  For square causal self-attention both go through `segment_attention`, which gives the kernel the segments in the
-  fastest form it takes: rows of one segment as `is_causal` plus sequence lengths (no mask), packed rows as cuDNN's
-  packed-sequence offsets and lengths, and only other layouts as an explicit mask.
+- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (NVIDIA GPUs from sm80, bf16/fp16 only). Square
+  causal self-attention goes through `segment_attention`, which gives each layout the fastest mask-free kernel the
+  device has: rows of one segment as `is_causal` plus sequence lengths, packed rows as cuDNN's packed-sequence
+  offsets (Hopper) or Pallas's Triton flash kernel with segment ids (before Hopper), any other layout the Triton
+  kernel. Prefix-shared rows (branch ids) become one row per branch (`branch_rows_attention`).
 - "splash": Pallas splash attention (TPU). Under a mesh it runs per shard through `jax.shard_map` (batch and heads
   split as their logical names say, sequences whole). Off TPU it runs in Pallas interpret mode: slow, for tests only.
-- "auto": splash on TPU when the sequence length is a multiple of 128, cudnn on GPU when the compute dtype allows it,
-  otherwise the reference.
+- "auto": splash on TPU when the sequence length is a multiple of 128, cudnn on a GPU that runs it, otherwise the
+  reference.
 
 Masking: token i attends to token j iff j <= i (by array index) and segment_ids[i] == segment_ids[j]. Segment ids thus
 express both padding (pad = 0, real = 1) and packed sequences (1, 1, 2, 2, 2, 0). Every token can at least attend to
@@ -21,20 +23,21 @@ itself, so no row is ever fully masked and no NaNs arise on padding.
 Branch ids (optional) add prefix sharing inside a segment: a token of branch 0 (the shared history) is seen by every
 later token of its segment, a token of branch k > 0 only by later tokens of branch k. Packing [history, chosen,
 rejected] with branch ids 0, 1, 2 (and positions restarting after the history) gives each candidate exactly the
-attention it would have alone. The reference, xla and cuDNN paths take them as part of the mask; splash, whose
-kernel knows only segment equality, hands such calls to the xla path.
+attention it would have alone. The reference and xla paths take them as part of the mask; cuDNN and splash take
+each branch as its own row [history, branch] (`branch_rows_attention`), which needs the pair layout: one segment,
+the history, then the branches in order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from sweet_jax.parallel import sharding
+from sweet_jax.models import kernel_choice
+from sweet_jax.parallel import devices, sharding
 
 
 def attention_mask(q_segment_ids: jnp.ndarray, kv_segment_ids: jnp.ndarray, causal: bool = True,
@@ -191,36 +194,33 @@ def _attend(q, k, v, m: _MaskArgs, scale: float, causal: bool):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def resolve_impl(impl: str, dtype, lengths: tuple[int, ...] = ()) -> str:
-    """The implementation "auto" stands for on this backend, for these dtypes and (query, key) lengths."""
-    if impl != "auto":
-        return impl
-    if jax.default_backend() == "tpu" and all(n % SPLASH_BLOCK == 0 for n in lengths):
-        return "splash"
-    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-        return "cudnn"
-    return "reference"
-
-
 def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", causal: bool = True, q_offset=None,
               q_branch_ids=None, kv_branch_ids=None):
     """Dispatch: q [B,T,N,H], k/v [B,S,K,H], segment ids [B,T] / [B,S] -> [B,T,N,H] in q.dtype.
 
     q_offset: the key index of query 0 (a KV cache's write index, possibly traced); default S - T.
-    q_branch_ids / kv_branch_ids: prefix-shared packing (module docstring)."""
+    q_branch_ids / kv_branch_ids: prefix-shared packing (module docstring).
+    The implementation is chosen in Python, for the device programs are built for (`parallel.devices.current()`),
+    by `kernel_choice.attention_impl`; nothing a device cannot compile is traced."""
     scale = q.shape[-1] ** -0.5
-    impl = resolve_impl(impl, q.dtype, (q.shape[1], k.shape[1]))
-    # The splash kernel's mask is static: neither a cache write index nor branch ids fit it.
-    if impl == "splash" and (q_offset is not None or q_branch_ids is not None):
+    device = devices.current()
+    impl = kernel_choice.attention_impl(impl, q.dtype, (q.shape[1], k.shape[1]), q.shape[-1], device)
+    branched = q_branch_ids is not None
+    if branched != (kv_branch_ids is not None):
+        raise ValueError("pass branch ids for both the queries and the keys, or for neither")
+    square = q.shape[1] == k.shape[1] and q_offset is None
+    if impl in ("cudnn", "splash") and square and causal and branched:
+        return branch_rows_attention(q, k, v, q_segment_ids, q_branch_ids, impl=impl, scale=scale, device=device)
+    # The splash kernel's mask is static: a cache write index does not fit it.
+    if impl == "splash" and (q_offset is not None or branched):
         impl = "xla"
     branches = dict(q_branch_ids=q_branch_ids, kv_branch_ids=kv_branch_ids)
     if impl == "reference":
         return reference_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=causal, scale=scale,
                                    q_offset=q_offset, **branches)
     if impl in ("xla", "cudnn"):
-        square = q.shape[1] == k.shape[1] and q_offset is None
-        if square and causal and q_branch_ids is None:
-            return segment_attention(q, k, v, q_segment_ids, impl=impl, scale=scale)
+        if square and causal and not branched:
+            return segment_attention(q, k, v, q_segment_ids, impl=impl, scale=scale, device=device)
         return _masked_fused(q, k, v, q_segment_ids, kv_segment_ids, impl=impl, scale=scale, causal=causal,
                              q_offset=q_offset, **branches)
     if impl == "splash":
@@ -232,7 +232,8 @@ def _masked_fused(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str, scale: f
                   q_offset=None, q_branch_ids=None, kv_branch_ids=None):
     """`jax.nn.dot_product_attention` with the segment (and branch) mask as an explicit [B, 1, T, S] mask. The kernel
     applies causality itself where the attention is square (jax's is_causal aligns queries at the top-left);
-    otherwise the mask carries it. cuDNN folds the mask into a bias, which takes it off its fastest path."""
+    otherwise the mask carries it. cuDNN folds the mask into a bias, which takes it off its fastest path: only
+    layouts that no mask-free kernel takes come here (the xla implementation, a KV cache's prefill chunks)."""
     square = q.shape[1] == k.shape[1] and q_offset is None
     mask = attention_mask(q_segment_ids, kv_segment_ids, causal=causal and not square, q_offset=q_offset,
                           q_branch_ids=q_branch_ids, kv_branch_ids=kv_branch_ids)
@@ -291,32 +292,47 @@ def layout_mask(layout: SegmentLayout, t: int) -> jnp.ndarray:
     return (same & (idx[:, None] >= idx[None, :]))[:, None]
 
 
-MASKED, ONE_SEGMENT, WHOLE_ROWS, PACKED = range(4)  # the paths of `segment_attention`
+MASKED, ONE_SEGMENT, WHOLE_ROWS, PACKED = range(4)  # the layouts `segment_attention` tells apart
 
 
-def fused_path(layout: SegmentLayout, impl: str, max_segments: int = PACKED_MAX_SEGMENTS) -> jnp.ndarray:
-    """Which path `segment_attention` takes for this batch (a traced int32): WHOLE_ROWS (every row one segment
-    without padding: the kernel's causal mask alone), ONE_SEGMENT (one segment then padding: causal mask and
-    sequence lengths), PACKED (cuDNN's segment offsets; cuDNN only), else MASKED (an explicit mask)."""
+def fused_path(layout: SegmentLayout, max_segments: int = PACKED_MAX_SEGMENTS) -> jnp.ndarray:
+    """Which layout this batch has (a traced int32): WHOLE_ROWS (every row one segment without padding: the
+    kernel's causal mask alone), ONE_SEGMENT (one segment then padding: causal mask and sequence lengths), PACKED
+    (whole segments with rising ids, padding last, at most `max_segments`: a packed kernel's offsets), else MASKED
+    (left padding, repeated ids, more segments: a kernel that reads segment ids, or the explicit mask)."""
     ok = jnp.all(layout.runs_ok)
     one = ok & jnp.all(layout.count <= 1)
     whole = one & jnp.all(layout.lengths[:, 0] == layout.row_length)
-    packed = ok & jnp.all(layout.count <= max_segments) & (impl == "cudnn")
+    packed = ok & jnp.all(layout.count <= max_segments)
     return jnp.where(whole, WHOLE_ROWS, jnp.where(one, ONE_SEGMENT, jnp.where(packed, PACKED, MASKED))).astype(
         jnp.int32)
 
 
-def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segments: int = PACKED_MAX_SEGMENTS):
-    """Square causal self-attention within segments on a fused kernel (`impl` "cudnn" or "xla"), choosing per batch
-    (`fused_path`) the fastest form the kernel takes the segments in:
+def segment_kernels(impl: str, device: devices.Device, t: int, head_dim: int) -> kernel_choice.SegmentKernels:
+    """The kernels `segment_attention` uses for the PACKED and MASKED layouts with this implementation on this
+    device (the xla implementation has none: it takes those layouts as a mask)."""
+    if impl != "cudnn":
+        return kernel_choice.SegmentKernels(packed=None, general=None, note="the xla implementation takes a mask")
+    return kernel_choice.segment_kernels(device, t, head_dim)
+
+
+def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segments: int = PACKED_MAX_SEGMENTS,
+                      device: devices.Device | None = None):
+    """Square causal self-attention within segments on a fused kernel (`impl` "cudnn" or "xla"), in the fastest form
+    the kernel takes this batch's layout (`fused_path`, a runtime choice among kernels the device supports):
     - every row one segment, no padding: `is_causal` alone (cuDNN's fastest path);
     - each row one segment then padding: `is_causal` with the rows' lengths, no mask;
     - packed rows (1, 1, 2, 2, 2, 0): cuDNN's packed-sequence attention, each segment given by its offset and
-      length (`SegmentLayout`); the kernel runs on the segments alone, at the one-segment speed. It needs a Hopper
-      GPU or newer (cuDNN's rule);
-    - anything else (left padding, ids that repeat, more than `max_segments` segments): the explicit mask.
-    Outputs at padding (id 0) are 0 on the first two paths (the mask path lets padding attend to padding); no
-    gradient flows through them, so a loss that masks padding gets the same gradients on every path."""
+      length (`SegmentLayout`), on Hopper with cuDNN >= 9.6; before Hopper, the Pallas Triton flash kernel with
+      segment ids (`kernel_choice.segment_kernels`);
+    - anything else (left padding, ids that repeat, more than `max_segments` segments): the Triton kernel with
+      segment ids, which reads any layout; the explicit mask only where no such kernel fits (or impl "xla").
+    Which kernels exist is decided in Python from `device` (default: `devices.current()`): a kernel the device
+    cannot compile is never traced. Outputs at padding (id 0) are 0 on the cuDNN paths; no gradient flows through
+    them, so a loss that masks padding gets the same gradients on every path."""
+    device = device or devices.current()
+    b, t, n, h = q.shape
+    kernels = segment_kernels(impl, device, t, h)
     layout = segment_layout(segment_ids, max_segments)
     real = (segment_ids > 0)[:, :, None, None]
 
@@ -327,39 +343,185 @@ def segment_attention(q, k, v, segment_ids, *, impl: str, scale: float, max_segm
         return _masked_fused(q, k, v, segment_ids, segment_ids, impl=impl, scale=scale)
 
     def one_segment():
-        lengths = jnp.maximum(layout.lengths[:, 0], 1)  # a row of padding only: one token that attends to itself
-        qz, kz, vz = (zero_padding(x) for x in (q, k, v))
-        out = jax.nn.dot_product_attention(qz, kz, vz, scale=scale, is_causal=True, query_seq_lengths=lengths,
-                                           key_value_seq_lengths=lengths, implementation=impl)
-        return zero_padding(out)
+        return segment_attention_one_segment(q, k, v, jnp.maximum(layout.lengths[:, 0], 0), impl=impl, scale=scale)
 
-    cudnn_attention = _cudnn_packed_api() if impl == "cudnn" else None
-
-    def packed():
+    def packed_cudnn():
+        cudnn = _cudnn_packed_api()
         qz, kz, vz = (zero_padding(x) for x in (q, k, v))
+        if kernels.repeat_kv:  # this jax's wrapper strides key/value offsets by the query heads
+            kz, vz = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (kz, vz))
         lengths = jnp.where(layout.lengths > 0, layout.lengths, -1)
-        out = cudnn_attention.dot_product_attention(
+        out = cudnn.dot_product_attention(
             qz, kz, vz, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=layout.offsets, kv_offsets=layout.offsets,
-            scale=scale, mask_type=cudnn_attention.MaskType.PADDING_CAUSAL)
+            scale=scale, mask_type=cudnn.MaskType.PADDING_CAUSAL)
         return zero_padding(out)
+
+    def triton():
+        return triton_segment_attention(q, k, v, segment_ids, scale=scale, blocks=kernels.triton,
+                                        interpret=device.interpret)
 
     def whole_rows():
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation=impl).astype(q.dtype)
 
-    branches = {MASKED: masked, ONE_SEGMENT: one_segment, WHOLE_ROWS: whole_rows, PACKED: packed}
-    if cudnn_attention is None:  # never chosen then (`fused_path`); the index must still name a branch
-        branches[PACKED] = masked
-    return jax.lax.switch(fused_path(layout, impl, max_segments), [branches[i] for i in range(4)])
+    kernel_of = {"cudnn": packed_cudnn, "triton": triton, None: masked}
+    paths = {WHOLE_ROWS: whole_rows, ONE_SEGMENT: one_segment, PACKED: kernel_of[kernels.packed],
+             MASKED: kernel_of[kernels.general]}
+    functions = list(dict.fromkeys(paths.values()))  # each kernel traced once, whichever layouts share it
+    if len(functions) == 1:
+        return functions[0]()
+    index = jnp.asarray([functions.index(paths[i]) for i in range(4)], jnp.int32)
+    return jax.lax.switch(index[fused_path(layout, max_segments)], functions)
 
 
 def _cudnn_packed_api():
-    """jax's cuDNN attention module, which takes packed segments (offsets); not public in jax 0.10. None where this
-    jax lacks it: packed rows then take the masked path."""
-    try:
-        from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
-    except ImportError:
-        return None
-    return cudnn_attention if hasattr(cudnn_attention, "MaskType") else None
+    """jax's cuDNN attention module, which takes packed segments (offsets); not public in jax 0.10 or 0.11."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+    return cudnn_attention
+
+
+def triton_segment_attention(q, k, v, segment_ids, *, scale: float, blocks: kernel_choice.TritonBlocks,
+                             interpret: bool = False):
+    """Causal attention within segments on Pallas's Triton flash kernel (forward and backward), which masks by
+    segment-id equality inside its tiles: any layout, no [T, T] operand. The kernel is multi-head only, so each key
+    and value head is repeated to its query heads (their gradients summed back by the repeat's transpose)."""
+    import warnings
+
+    with warnings.catch_warnings():  # deprecated in favour of tokamax from jax 0.11; the kernel is the same
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as pallas_gpu
+
+    n = q.shape[2]
+    k, v = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (k, v))
+    sizes = pallas_gpu.BlockSizes(block_q=blocks.block_q, block_k=blocks.block_k, block_q_dkv=blocks.block_q_bwd,
+                                  block_kv_dkv=blocks.block_k_bwd, block_q_dq=blocks.block_q_bwd,
+                                  block_kv_dq=blocks.block_k_bwd)
+    out = pallas_gpu.mha(q, k, v, segment_ids.astype(jnp.int32), sm_scale=scale, causal=True, block_sizes=sizes,
+                         num_warps=blocks.num_warps, num_stages=blocks.num_stages, interpret=interpret)
+    return out.astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------------ prefix-shared rows as rows
+PAIR_BRANCHES = 2  # the branches of a prefix-shared row: [history, chosen, rejected] (`data.packing.pack_pair`)
+
+
+class BranchRows(NamedTuple):
+    """How prefix-shared rows [history | branch 1 | branch 2] become one row per branch [history, branch k], each
+    one segment then padding (`branch_rows`). Flat token indices into the [B * T] tokens: `src` [K * B * T] the
+    token each row position reads (-1: padding); `src_inverse` [B * T, K] the row positions that read a token;
+    `back` [B * T] the row position each token's output comes from (its own branch's row; the history's from the
+    first row); `back_inverse` [K * B * T, 1] its inverse. lengths [K * B]: each row's tokens. valid [B]: the row
+    had that layout (one segment, the history then the branches in order, padding outside)."""
+
+    src: jnp.ndarray
+    src_inverse: jnp.ndarray
+    back: jnp.ndarray
+    back_inverse: jnp.ndarray
+    lengths: jnp.ndarray
+    valid: jnp.ndarray
+
+
+def branch_rows(segment_ids, branch_ids, branches: int = PAIR_BRANCHES) -> BranchRows:
+    """The `BranchRows` of prefix-shared rows (segment ids [B, T], branch ids [B, T] with 0 for the history)."""
+    b, t = segment_ids.shape
+    seg, br = segment_ids.astype(jnp.int32), branch_ids.astype(jnp.int32)
+    real = seg > 0
+    pos = jnp.arange(t)
+    first = jnp.argmax(real, axis=1)  # the row's first real token (0 in an empty row)
+    counts = jnp.stack([jnp.sum(real & (br == i), axis=1) for i in range(branches + 1)], axis=1)  # [B, K + 1]
+    starts = first[:, None] + jnp.cumsum(counts, axis=1) - counts  # [B, K + 1]: where each part begins
+    total = counts.sum(axis=1)
+    # the layout: real tokens are one run of one segment id, holding the history then branch 1, 2, ... in order
+    part = jnp.sum(pos[None, :, None] >= (starts + counts)[:, None, :-1], axis=2)  # [B, T]: the part a position is in
+    inside = (pos[None] >= first[:, None]) & (pos[None] < (first + total)[:, None])
+    top = jnp.max(jnp.where(real, seg, 0), axis=1)
+    valid = jnp.all(real == inside, axis=1) & jnp.all(~real | ((seg == top[:, None]) & (br == part)), axis=1)
+    valid &= total == real.sum(axis=1)
+    flat = (jnp.arange(b) * t)[:, None]
+    hist, lengths, src = counts[:, 0], [], []
+    for k in range(1, branches + 1):
+        n = hist + counts[:, k]
+        j = pos[None]
+        read = jnp.where(j < hist[:, None], first[:, None] + j, starts[:, k:k + 1] + j - hist[:, None])
+        src.append(jnp.where(j < n[:, None], flat + read, -1))
+        lengths.append(n)
+    src = jnp.stack(src)  # [K, B, T]
+    row_base = (jnp.arange(branches)[:, None] * b + jnp.arange(b)[None])[..., None] * t  # [K, B, 1]
+    # the row position of each token in each branch's row (-1 where that row does not read it)
+    inverse = []
+    for k in range(1, branches + 1):
+        at = jnp.where(br == 0, pos[None] - first[:, None], hist[:, None] + pos[None] - starts[:, k:k + 1])
+        reads = real & ((br == 0) | (br == k))
+        inverse.append(jnp.where(reads, row_base[k - 1] + at, -1))
+    inverse = jnp.stack(inverse, axis=-1)  # [B, T, K]
+    own = jnp.where(br == 0, inverse[..., 0], jnp.max(inverse, axis=-1))  # a branch token's only row
+    back = jnp.where(real, own, -1).reshape(-1)
+    src_flat = src.reshape(-1)
+    first_row = jnp.arange(branches)[:, None, None] == 0  # the first branch's row gives the history's outputs
+    history_pos = pos[None, None] < hist[None, :, None]
+    read_back = (src >= 0) & (first_row | ~history_pos)
+    back_inverse = jnp.where(read_back, src, -1).reshape(-1, 1)
+    return BranchRows(src_flat, inverse.reshape(b * t, branches), back, back_inverse,
+                      jnp.stack(lengths).reshape(-1), valid)
+
+
+@jax.custom_vjp
+def take_tokens(x, index, inverse):
+    """x [M, ...] -> [P, ...] with row p = x[index[p]] (0 where index[p] < 0). Its transpose is a sum of gathers
+    through `inverse` [M, R] (the positions that read each row, -1 for none), not a scatter-add: deterministic on
+    every device."""
+    picked = x[jnp.maximum(index, 0)]
+    return jnp.where((index >= 0).reshape((-1,) + (1,) * (x.ndim - 1)), picked, 0)
+
+
+def _take_tokens_fwd(x, index, inverse):
+    return take_tokens(x, index, inverse), (index, inverse)
+
+
+def _take_tokens_bwd(res, g):
+    _, inverse = res
+    dx = sum(take_tokens(g, inverse[:, r], None) for r in range(inverse.shape[1]))
+    return dx, None, None
+
+
+take_tokens.defvjp(_take_tokens_fwd, _take_tokens_bwd)
+
+
+def branch_rows_attention(q, k, v, segment_ids, branch_ids, *, impl: str, scale: float,
+                          device: devices.Device | None = None, branches: int = PAIR_BRANCHES):
+    """Square causal attention over prefix-shared rows [history | branch 1 | branch 2] on a mask-free kernel: each
+    row becomes one row per branch, [history, branch k], one segment then padding, which cuDNN takes as `is_causal`
+    with sequence lengths (every GPU from sm80) and splash as segment ids (TPU); each token's output comes back from
+    its branch's row. The history's attention is computed once per branch (its square again per extra branch);
+    the projections and the MLP still see it once. Rows of any other layout give NaN (`BranchRows.valid`): the
+    training data's pair rows (`data.packing.collate_pairs`) always have this one."""
+    b, t, n, h = q.shape
+    rows = branch_rows(segment_ids, branch_ids, branches)
+
+    def spread(x):  # [B, T, ...] -> [K * B, T, ...]
+        flat = x.reshape(b * t, *x.shape[2:])
+        return take_tokens(flat, rows.src, rows.src_inverse).reshape(branches * b, t, *x.shape[2:])
+
+    qr, kr, vr = spread(q), spread(k), spread(v)
+    row_seg = (jnp.arange(t)[None] < rows.lengths[:, None]).astype(jnp.int32)
+    if impl == "splash":
+        out = splash_attention(qr, kr, vr, row_seg, row_seg, causal=True, scale=scale)
+    else:
+        out = segment_attention_one_segment(qr, kr, vr, rows.lengths, impl=impl, scale=scale)
+    out = take_tokens(out.reshape(branches * b * t, n, h), rows.back, rows.back_inverse).reshape(b, t, n, h)
+    return jnp.where(rows.valid[:, None, None, None], out, jnp.nan).astype(q.dtype)
+
+
+def segment_attention_one_segment(q, k, v, lengths, *, impl: str, scale: float):
+    """Causal attention of rows that each hold one segment of `lengths` [B] tokens, then padding: the kernel's causal
+    mask with sequence lengths, no mask operand. Outputs at padding are 0 (where, not a product: a kernel's garbage
+    at padding must not reach the gradients)."""
+    real = (jnp.arange(q.shape[1])[None] < lengths[:, None])[:, :, None, None]
+    qz, kz, vz = (jnp.where(real, x, 0).astype(q.dtype) for x in (q, k, v))
+    n = jnp.maximum(lengths, 1).astype(jnp.int32)  # a row of padding only: one token that attends to itself
+    out = jax.nn.dot_product_attention(qz, kz, vz, scale=scale, is_causal=True, query_seq_lengths=n,
+                                       key_value_seq_lengths=n, implementation=impl)
+    return jnp.where(real, out, 0).astype(q.dtype)
 
 
 def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_offset, impl: str = "auto"):
@@ -385,54 +547,6 @@ def cached_attention(q, k_cache, v_cache, q_segment_ids, kv_segment_ids, *, q_of
     scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
     return jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(b, 1, n, h).astype(q.dtype)
-
-
-def paged_decode_attention(q, k_pages, v_pages, pages, lengths, *, platform: str | None = None):
-    """One new query per row, q [B, 1, N, H], over each row's live pages of a paged KV cache in the kernel layout
-    (keys and values [K, P, page, H]): page table rows `pages` [B, n] and lengths [B] (the keys at positions
-    < length are live). Runs JAX's Pallas paged-attention kernel for `platform` (default: the backend's), which reads
-    only the pages below each row's length (ragged): the Triton kernel on a GPU, the Mosaic kernel on a TPU (it
-    reads keys and values as bf16, the TPU's cache dtype). Elsewhere the GPU kernel runs in interpret mode, or the
-    TPU kernel in TPU interpret mode with platform="tpu" (slow; for tests). Under a mesh it runs per shard of KV
-    heads (`jax.shard_map`), each with its own query heads. Returns [B, 1, N, H]."""
-    b, _, n_heads, h = q.shape
-    n = pages.shape[1]
-    splits = next(s for s in (16, 8, 4, 2, 1) if n % s == 0)  # partitions of each row's pages, run in parallel
-    per_block = next(s for s in (8, 4, 2, 1) if (n // splits) % s == 0)  # pages per compute block
-    backend = jax.default_backend()
-    platform = platform or (backend if backend in ("gpu", "tpu") else "gpu")
-
-    def local(q, k_pages, v_pages, pages, lengths):
-        q = q * jnp.asarray(h ** -0.5, q.dtype)
-        if platform == "tpu":
-            from jax.experimental.pallas import tpu as pltpu
-            from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_kernel
-
-            mode = contextlib.nullcontext() if backend == "tpu" else pltpu.force_tpu_interpret_mode()
-            with mode:
-                out = tpu_kernel(q, k_pages, v_pages, lengths, pages, pages_per_compute_block=per_block)
-        else:
-            from jax.experimental.pallas.ops.gpu import paged_attention as gpu_kernel
-
-            out = gpu_kernel.paged_attention(q, k_pages, v_pages, pages, lengths, block_h=16,
-                                             pages_per_compute_block=per_block, k_splits=splits,
-                                             interpret=backend != "gpu")
-        return out.astype(q.dtype)
-
-    qs, lengths = q[:, 0], lengths.astype(jnp.int32)
-    active = sharding.active()
-    if active is None:
-        return local(qs, k_pages, v_pages, pages, lengths)[:, None]
-    mesh, rules = active
-    qspec = sharding.logical_to_spec((None, "q_heads", None), rules, mesh, qs.shape)
-    kspec = sharding.logical_to_spec(("kv_heads", None, None, None), rules, mesh, k_pages.shape)
-    if qspec[1] != kspec[0]:
-        raise ValueError(f"paged decode attention under this mesh would split {n_heads} query heads as {qspec[1]} "
-                         f"but {k_pages.shape[0]} kv heads as {kspec[0]}")
-    rep = jax.sharding.PartitionSpec()
-    out = jax.shard_map(local, mesh=mesh, in_specs=(qspec, kspec, kspec, rep, rep), out_specs=qspec,
-                        check_vma=False)(qs, k_pages, v_pages, pages, lengths)
-    return out[:, None]
 
 
 def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, segment_ids, *, block: int = 2048):
@@ -482,7 +596,7 @@ def prefix_shared_attention(q, prefix_k, prefix_v, prefix_segment_ids, k, v, seg
 
 
 # ----------------------------------------------------------------------------------------------- splash (TPU)
-SPLASH_BLOCK = 128  # the kernel's tile: sequence lengths must be multiples of it
+SPLASH_BLOCK = kernel_choice.SPLASH_BLOCK
 
 
 @functools.lru_cache(maxsize=64)
@@ -497,14 +611,18 @@ def _splash_kernel(heads: int, t: int, s: int, causal: bool, interpret: bool):
     bq, bkv = (max(b for b in (512, 256, 128) if n % b == 0) for n in (t, s))
     blocks = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
                            block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
-    kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * heads), head_shards=1, q_seq_shards=1, block_sizes=blocks,
-                                interpret=interpret)
+    # Built from concrete arrays even when first asked for inside a trace: the cached kernel holds its mask tables,
+    # which would otherwise be that trace's tracers (and leak into the next trace that reuses it).
+    with jax.ensure_compile_time_eval():
+        kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * heads), head_shards=1, q_seq_shards=1,
+                                    block_sizes=blocks, interpret=interpret)
     return kernel, sk.SegmentIds
 
 
 def _splash_local(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool, scale: float):
     """Splash on one device's (or shard's) arrays: the kernel is per example, [heads, seq, head_dim]."""
-    interpret = jax.default_backend() != "tpu"
+    device = devices.current()
+    interpret = device.platform != "tpu" or device.interpret
     kernel, segment_ids = _splash_kernel(q.shape[2], q.shape[1], k.shape[1], causal, interpret)
 
     def one(qi, ki, vi, qs, ks):

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from sweet_jax.models import lora_layers, qwen2_vl
-from sweet_jax.models.attention import attention, cached_attention, paged_decode_attention, prefix_shared_attention
+from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
+from sweet_jax.models.paged_attention import paged_decode_attention
 from sweet_jax.models.config import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
 from sweet_jax.parallel.sharding import constrain
@@ -416,7 +417,7 @@ def init_paged_cache(cfg: LlamaConfig, slots: int, pages: int, page_size: int, p
     a page table `pages` [slots, positions / page_size] naming the page that holds each slot's positions. Page 0 is
     scratch: every table entry starts there, and padding and idle rows write there; no live position is ever read
     from it. With `kernel`, the pools are `k_pages` and `v_pages` [K, P, page, H] instead, the layout of the paged
-    decode kernel (`attention.paged_decode_attention`). `cache_logical_axes(cfg, paged=True, kernel=...)` names
+    decode kernel (`paged_attention.paged_decode_attention`). `cache_logical_axes(cfg, paged=True, kernel=...)` names
     the dimensions."""
     if positions % page_size:
         raise ValueError(f"{positions} cache positions are not a whole number of {page_size}-position pages")

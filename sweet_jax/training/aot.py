@@ -141,6 +141,15 @@ def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: 
                  turn_len: int = 0):
     """(compiled train step, layout) for `micro` items of `seq_len` tokens on `mesh`, with `rules` overrides (and
     prefix-shared pair rows with `turn_len`)."""
+    lowered, layout = lower_step(cfg, model_cfg, mesh, seq_len, micro, rules, turn_len)
+    return lowered.compile(), layout
+
+
+def lower_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int, rules: str = "",
+               turn_len: int = 0, platforms: tuple[str, ...] | None = None):
+    """(lowered train step, layout): `compile_step`'s program before compiling, lowered for `platforms` (jax's
+    names: "cuda", "tpu"; default this host's). Under `parallel.devices.simulate`, the program a simulated GPU or
+    TPU would run, from this host."""
     accumulation = max(1, int(cfg.optim.batch_size) // micro)
     tx = make_optimizer(cfg.optim, 1000, accumulation)
     layout = Layout(mesh, model_cfg, tx, obj.frozen_names(cfg.optim.freeze, model_cfg), sharding.parse_rules(rules))
@@ -150,7 +159,8 @@ def compile_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: 
                              chunk=cfg.train.logprob_chunk,
                              reference_in_step=obj.in_step_reference(cfg.objective, cfg.loss, model_cfg),
                              dropout_seed=int(cfg.train.seed))
-    return step.lower(layout.abstract_state(), batch).compile(), layout
+    traced = step.trace(layout.abstract_state(), batch)
+    return (traced.lower(lowering_platforms=platforms) if platforms else traced.lower()), layout
 
 
 def plan_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int, rules: str,
