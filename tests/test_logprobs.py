@@ -6,6 +6,8 @@ import pytest
 from sweet_jax import models
 from sweet_jax.objectives import logprobs_from_hidden, token_logprobs
 
+pytestmark = pytest.mark.kernels  # run again on the accelerators' jax (launch/test.sh)
+
 
 def _full_reference(hidden, w, targets):
     logits = np.einsum("btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(w, np.float64))

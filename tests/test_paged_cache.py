@@ -12,6 +12,8 @@ from sweet_jax.inference.pages import PagePool
 from sweet_jax.inference.sampling import SamplingParams
 from sweet_jax.inference.scheduler import Job, Scheduler
 
+pytestmark = pytest.mark.kernels  # run again on the accelerators' jax (launch/test.sh)
+
 CFG = models.LlamaConfig.preset("tiny", vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
 

@@ -17,6 +17,10 @@ from typing import Any, ClassVar
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "qkv_proj")
 ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
+# jax's matmul precision for the model's products: "auto" is "float32" (true f32, never TF32) where the compute dtype is
+# f32, and the device default otherwise (bf16 operands are multiplied as bf16 with f32 accumulation either way);
+# "tensorfloat32" trades f32 accuracy for TF32 speed on NVIDIA GPUs from Ampere
+MATMUL_PRECISIONS = ("auto", "default", "tensorfloat32", "float32")
 
 
 def read_hf_config(path: str | os.PathLike) -> tuple[dict, str]:
@@ -107,6 +111,7 @@ class LlamaConfig:
     compute_dtype: str = "float32"
     remat_policy: str = "none"
     attention_impl: str = "auto"
+    matmul_precision: str = "auto"  # MATMUL_PRECISIONS
     # low-rank adapters (`models.lora`): the params then hold a "lora" entry, trained while the rest stays fixed
     lora: LoraSettings | None = None
 
@@ -126,11 +131,19 @@ class LlamaConfig:
             ("compute_dtype", DTYPES),
             ("remat_policy", REMAT_POLICIES),
             ("attention_impl", ATTENTION_IMPLS),
+            ("matmul_precision", MATMUL_PRECISIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {allowed}")
 
     # ------------------------------------------------------------------ derived
+    @property
+    def precision(self) -> str:
+        """The matmul precision jax runs the model's products at (`matmul_precision`, "auto" resolved)."""
+        if self.matmul_precision != "auto":
+            return self.matmul_precision
+        return "float32" if self.compute_dtype == "float32" else "default"
+
     @property
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads

@@ -334,7 +334,17 @@ def _with_images(params: Params, cfg: LlamaConfig, x, tokens, images):
     features = qwen2_vl.image_features(params["visual"], cfg.vision, images)
     return qwen2_vl.scatter_image_features(x, tokens, features, cfg.image_token_id)
 
+def at_model_precision(fn):
+    """Run `fn(params, cfg, ...)` under the config's matmul precision (`LlamaConfig.precision`): jax reads it when the
+    products are traced, so the forward passes of training and inference multiply at the same precision."""
+    @functools.wraps(fn)
+    def wrapped(params, cfg, *args, **kwargs):
+        with jax.default_matmul_precision(cfg.precision):
+            return fn(params, cfg, *args, **kwargs)
+    return wrapped
 
+
+@at_model_precision
 def forward_hidden(params: Params, cfg: LlamaConfig, tokens, positions=None, segment_ids=None,
                    branch_ids=None, images=None, dropout_key=None) -> jnp.ndarray:
     """Final (post-norm) hidden states [B, T, D] in `cfg.compute_dtype`.
@@ -477,6 +487,7 @@ def repeat_kv_heads(params: Params, cfg: LlamaConfig, times: int) -> tuple[Param
     return {**params, "layers": layers}, cfg.replace(num_kv_heads=cfg.num_kv_heads * times)
 
 
+@at_model_precision
 def forward_cached(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, cache: dict, index, *,
                    window: int | None = None, row=None, images=None):
     """Run T new tokens [B, T] through the model on top of `cache`, writing their keys and values at cache slots
@@ -579,6 +590,7 @@ def _forward_paged(params: Params, cfg: LlamaConfig, tokens, positions, segment_
     return hidden, {names[0]: tuple(ks), names[1]: tuple(vs), "segment_ids": seg_pool, "pages": table}
 
 
+@at_model_precision
 def forward_on_prefix(params: Params, cfg: LlamaConfig, tokens, positions, segment_ids, prefix_cache: dict):
     """Run N continuations [N, C] (segment_ids 1 on real tokens) on top of one shared prefix, a batch-1 cache of
     `forward_cached`: every row attends over the prefix's cached keys (segment id > 0) and causally over its own

@@ -42,7 +42,8 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
     model's, else the bundled one)."""
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                     score_head=score_head, lora=lora_settings(lora))
+                     matmul_precision=model_cfg.get("matmul_precision", "auto"), score_head=score_head,
+                     lora=lora_settings(lora))
     if model_cfg.hf_path:
         if not os.path.isdir(model_cfg.hf_path):
             raise ConfigError(

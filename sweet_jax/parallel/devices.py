@@ -37,7 +37,7 @@ class Device:
 
     platform: "cpu", "gpu" or "tpu" (jax's names). kind: jax's `device_kind` ("NVIDIA H100 80GB HBM3", "TPU v5
     lite"). compute_capability: (major, minor) on an NVIDIA GPU. cudnn_version: cuDNN's integer version (9.10.0 is
-    91000), None without cuDNN (ROCm, CPU, TPU). jax: the jax version the program is built with. simulated: a preset
+    92800), None without cuDNN (ROCm, CPU, TPU). jax: the jax version the program is built with. simulated: a preset
     standing in for the real device; interpret: the simulated device's Pallas kernels run in interpret mode here."""
 
     platform: str
@@ -80,15 +80,16 @@ def cudnn_text(version: int) -> str:
     return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
 
 
-# Devices that tests and plans stand in for. cuDNN 9.10 is what jax's CUDA wheels bring at the pinned jax.
+# Devices that tests and plans stand in for, with the cuDNN that `pip install "sweet_jax[cuda12]"` brings at the
+# pinned jax (nvidia-cudnn-cu12 9.28, resolved on 2026-12-06).
 PRESETS = {
     "cpu": Device("cpu", "cpu"),
-    "v100": Device("gpu", "Tesla V100-SXM2-32GB", (7, 0), 91000),
-    "a100": Device("gpu", "NVIDIA A100-SXM4-80GB", (8, 0), 91000),
-    "l4": Device("gpu", "NVIDIA L4", (8, 9), 91000),
-    "rtx4090": Device("gpu", "NVIDIA GeForce RTX 4090", (8, 9), 91000),
-    "h100": Device("gpu", "NVIDIA H100 80GB HBM3", (9, 0), 91000),
-    "h200": Device("gpu", "NVIDIA H200", (9, 0), 91000),
+    "v100": Device("gpu", "Tesla V100-SXM2-32GB", (7, 0), 92800),
+    "a100": Device("gpu", "NVIDIA A100-SXM4-80GB", (8, 0), 92800),
+    "l4": Device("gpu", "NVIDIA L4", (8, 9), 92800),
+    "rtx4090": Device("gpu", "NVIDIA GeForce RTX 4090", (8, 9), 92800),
+    "h100": Device("gpu", "NVIDIA H100 80GB HBM3", (9, 0), 92800),
+    "h200": Device("gpu", "NVIDIA H200", (9, 0), 92800),
     "tpu-v5e": Device("tpu", "TPU v5 lite"),
     "tpu-v5p": Device("tpu", "TPU v5"),
 }
@@ -138,12 +139,32 @@ def simulate(device: Device | str, *, interpret: bool = False):
     device = preset(device) if isinstance(device, str) else device
     device = dataclasses.replace(device, simulated=True, interpret=interpret)
     token = _SIMULATED.set(device)
-    undo = _patch_cudnn_checks(device)
+    undo = _patch_device_queries(device)
     try:
         yield device
     finally:
         undo()
         _SIMULATED.reset(token)
+
+
+def _patch_device_queries(device: Device):
+    """Point jax's own device queries at `device` (cuDNN attention's compute-capability and cuDNN-version checks;
+    the GPU that Pallas's Triton lowering targets, from jax 0.11); returns the function that puts them back."""
+    undo = [_patch_cudnn_checks(device)]
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        gpu_info = None
+    if gpu_info is not None and hasattr(gpu_info, "get_device_kind") and device.nvidia:
+        saved = gpu_info.get_device_kind
+        gpu_info.get_device_kind = lambda: device.kind
+        undo.append(lambda: setattr(gpu_info, "get_device_kind", saved))
+
+    def undo_all():
+        for fn in reversed(undo):
+            fn()
+
+    return undo_all
 
 
 def _patch_cudnn_checks(device: Device):
