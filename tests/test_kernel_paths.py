@@ -377,3 +377,55 @@ def test_the_models_products_run_at_its_matmul_precision(compute, setting, want)
     for text in (forward, loss.lower(params, batch).as_text()):
         found = set(re.findall(r"precision = \[(\w+), \w+\]", text))
         assert found == {want}, found
+
+
+def test_a_job_asking_for_a_kernel_its_device_cannot_run_stops_before_reading_data(tmp_path):
+    """`model.attention_impl=cudnn` on a V100: the job's model config is refused at once, naming the device and why;
+    on an A100 it is accepted."""
+    import ml_collections
+
+    from sweet_jax import models
+
+    section = ml_collections.ConfigDict(dict(hf_path="", preset="tiny", preset_overrides={}, param_dtype="float32",
+                                             compute_dtype="bfloat16", remat_policy="none", attention_impl="cudnn",
+                                             matmul_precision="auto"))
+    with devices.simulate("v100"):
+        with pytest.raises(models.ConfigError, match=r"model.attention_impl: .*Tesla V100.*sm80"):
+            models.model_config(section)
+    with devices.simulate("a100"):
+        assert models.model_config(section).attention_impl == "cudnn"
+
+
+@pytest.mark.slow
+def test_the_triton_kernel_runs_per_shard_under_a_mesh():
+    """Under data=2 x tensor=2, the Triton flash kernel (interpret mode, a simulated A100) runs on each shard's rows
+    and heads through shard_map, with the unsharded result: XLA has no partitioning rule for a Pallas call and
+    would otherwise gather its operands onto every device."""
+    from multidevice import run_with_devices
+
+    out = run_with_devices("""
+        import jax, jax.numpy as jnp, numpy as np
+        from importlib import import_module
+        from sweet_jax.models import kernel_choice
+        from sweet_jax.parallel import devices, sharding
+        attention = import_module("sweet_jax.models.attention")
+        rng = np.random.default_rng(0)
+        q = jnp.asarray(rng.normal(size=(4, 64, 8, 16)), jnp.bfloat16)
+        k, v = (jnp.asarray(rng.normal(size=(4, 64, 2, 16)), jnp.bfloat16) for _ in range(2))
+        seg = jnp.asarray(np.concatenate([np.zeros((4, 16)), np.ones((4, 48))], 1), jnp.int32)  # left padding
+        blocks = kernel_choice.triton_blocks(devices.preset("a100"), 64, 16)
+        fn = lambda q, k, v, s: attention.triton_segment_attention(q, k, v, s, scale=0.25, blocks=blocks,
+                                                                   interpret=True)
+        alone = jax.jit(fn)(q, k, v, seg)
+        mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2})
+        with sharding.use_mesh(mesh):  # a new function: jit's trace cache does not see the active mesh
+            per_device = jax.jit(lambda *a: fn(*a))
+            text = per_device.lower(q, k, v, seg).as_text()
+            sharded = per_device(q, k, v, seg)
+        real = np.asarray(seg > 0)[:, :, None, None]
+        diff = float(np.abs(np.where(real, np.asarray(sharded, np.float32) - np.asarray(alone, np.float32), 0)).max())
+        print("TRITON", any(m in text for m in ("SPMDFullToShardShape", "sdy.manual_computation")), diff)
+    """, n=4)
+    line = next(x for x in out.splitlines() if x.startswith("TRITON"))
+    _, mapped, diff = line.split()
+    assert mapped == "True" and float(diff) == 0.0, line

@@ -1,6 +1,7 @@
 """`python -m sweet_jax.plan`: the real train step compiled ahead of time for a mesh of fake devices."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -215,3 +216,15 @@ def test_serve_plan_of_a_paged_cache_sizes_it_for_the_mean_live_tokens(tmp_path)
     assert "paged: 13 pages of 32 tokens for a mean of 96 live tokens per slot" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
     assert last == f"kv cache: {13 * 32 * per_position / 2 ** 30:.2f} GiB per device", proc.stdout
+
+
+def test_plan_lists_the_kernels_a_device_would_run(tmp_path):
+    """`plan --device l4` lowers the planned step (prefix-shared pairs here) for a simulated L4 and lists its fused
+    kernels: cuDNN with sequence lengths, forward and backward, nothing the L4 cannot run."""
+    out = tmp_path / "plan.json"
+    proc = _plan("--mesh", "fsdp=2", "--turn-len", "32", "--device", "l4", "--json", str(out),
+                 "--config.model.compute_dtype=bfloat16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^kernels on NVIDIA L4, sm89, .*\(simulated\): cudnn x2$", proc.stdout, re.M), proc.stdout
+    doc = json.loads(out.read_text())["device_kernels"]
+    assert doc["kernels"] == {"cudnn": 2} and doc["unsupported"] == []

@@ -384,21 +384,26 @@ def triton_segment_attention(q, k, v, segment_ids, *, scale: float, blocks: kern
                              interpret: bool = False):
     """Causal attention within segments on Pallas's Triton flash kernel (forward and backward), which masks by
     segment-id equality inside its tiles: any layout, no [T, T] operand. The kernel is multi-head only, so each key
-    and value head is repeated to its query heads (their gradients summed back by the repeat's transpose)."""
+    and value head is repeated to its query heads (their gradients summed back by the repeat's transpose). Under a
+    mesh it runs per shard (`per_shard`)."""
     import warnings
 
     with warnings.catch_warnings():  # deprecated in favour of tokamax from jax 0.11; the kernel is the same
         warnings.simplefilter("ignore", DeprecationWarning)
         from jax.experimental.pallas.ops.gpu import attention as pallas_gpu
 
-    n = q.shape[2]
-    k, v = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (k, v))
     sizes = pallas_gpu.BlockSizes(block_q=blocks.block_q, block_k=blocks.block_k, block_q_dkv=blocks.block_q_bwd,
                                   block_kv_dkv=blocks.block_k_bwd, block_q_dq=blocks.block_q_bwd,
                                   block_kv_dq=blocks.block_k_bwd)
-    out = pallas_gpu.mha(q, k, v, segment_ids.astype(jnp.int32), sm_scale=scale, causal=True, block_sizes=sizes,
-                         num_warps=blocks.num_warps, num_stages=blocks.num_stages, interpret=interpret)
-    return out.astype(q.dtype)
+
+    def local(q, k, v, segment_ids):
+        n = q.shape[2]
+        k, v = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (k, v))
+        out = pallas_gpu.mha(q, k, v, segment_ids.astype(jnp.int32), sm_scale=scale, causal=True, block_sizes=sizes,
+                             num_warps=blocks.num_warps, num_stages=blocks.num_stages, interpret=interpret)
+        return out.astype(q.dtype)
+
+    return per_shard(local, "the Triton flash kernel", q, k, v, segment_ids)
 
 
 # ------------------------------------------------------------------------------------ prefix-shared rows as rows
@@ -639,16 +644,24 @@ def splash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, causal: bool = T
     unevenly (more tensor shards than kv heads) is refused, since the kernel needs whole GQA groups."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     local = functools.partial(_splash_local, causal=causal, scale=scale)
+    return per_shard(local, "splash attention", q, k, v, q_segment_ids, kv_segment_ids)
+
+
+def per_shard(local, what: str, q, k, v, *ids):
+    """local(q, k, v, *ids) on each shard's examples and heads under an active mesh (`sharding.use_mesh`), through
+    `jax.shard_map`: a Pallas kernel has no partitioning rule of its own, and XLA would gather its operands whole onto
+    every device. ids: [B, T] arrays (segment ids). A layout that splits query heads and key/value heads unevenly
+    (more tensor shards than kv heads) is refused: the kernels need whole GQA groups."""
     active = sharding.active()
     if active is None:
-        return local(q, k, v, q_segment_ids, kv_segment_ids)
+        return local(q, k, v, *ids)
     mesh, rules = active
     qspec = sharding.logical_to_spec(("batch", None, "q_heads", None), rules, mesh, q.shape)
     kspec = sharding.logical_to_spec(("batch", None, "kv_heads", None), rules, mesh, k.shape)
     if qspec[2] != kspec[2]:
-        raise ValueError(f"splash attention under this mesh would split {q.shape[2]} query heads as {qspec[2]} but "
+        raise ValueError(f"{what} under this mesh would split {q.shape[2]} query heads as {qspec[2]} but "
                          f"{k.shape[2]} kv heads as {kspec[2]}; use a tensor axis that divides the kv heads, or "
                          f"attention_impl='reference'")
-    seg = sharding.logical_to_spec(("batch", None), rules, mesh, q_segment_ids.shape)
-    return jax.shard_map(local, mesh=mesh, in_specs=(qspec, kspec, kspec, seg, seg), out_specs=qspec,
-                         check_vma=False)(q, k, v, q_segment_ids, kv_segment_ids)
+    seg = sharding.logical_to_spec(("batch", None), rules, mesh, ids[0].shape)
+    return jax.shard_map(local, mesh=mesh, in_specs=(qspec, kspec, kspec) + (seg,) * len(ids), out_specs=qspec,
+                         check_vma=False)(q, k, v, *ids)

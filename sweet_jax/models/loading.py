@@ -11,7 +11,7 @@ import os
 from typing import NamedTuple
 
 from sweet_jax import chat
-from sweet_jax.models import llama, lora
+from sweet_jax.models import kernel_choice, llama, lora
 from sweet_jax.models.config import ConfigError, LoraSettings
 from sweet_jax.models.families import family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import load_hf_params
@@ -66,6 +66,10 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
             pad = None
         if pad is not None and pad < cfg.vocab_size:
             cfg = cfg.replace(pad_token_id=pad)
+    try:  # an attention kernel the device cannot run: said now, before any data is read
+        kernel_choice.attention_impl(cfg.attention_impl, cfg.compute_dtype, head_dim=cfg.head_dim)
+    except kernel_choice.KernelUnsupported as e:
+        raise ConfigError(f"model.attention_impl: {e}") from None
     return cfg
 
 

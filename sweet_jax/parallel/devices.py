@@ -135,7 +135,8 @@ def _cudnn_version() -> int | None:
 def simulate(device: Device | str, *, interpret: bool = False):
     """Build programs for `device` (a `Device` or a preset name) inside this block, on whatever host this is. jax's
     cuDNN attention checks the compute capability and cuDNN version of the local GPU at trace time; inside the
-    block they see the simulated device's, so a path the device cannot run fails here as it would there."""
+    block they see the simulated device's, so a path the device cannot run fails here as it would there. jit caches a
+    function's trace by its arguments' shapes, not by this context: jit a new function inside the block."""
     device = preset(device) if isinstance(device, str) else device
     device = dataclasses.replace(device, simulated=True, interpret=interpret)
     token = _SIMULATED.set(device)

@@ -217,3 +217,32 @@ def plan_job(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, hbm_gib: fl
             out["suggestion"] = flags
             break
     return out
+
+
+def device_kernels(cfg, model_cfg: models.ModelConfig, mesh, plan: Plan, device: str) -> dict:
+    """The kernels of the planned step (its micro-batch, rules and row layout) as a simulated `device` would run it
+    (`parallel.devices.simulate`, a preset name such as "a100", "l4", "h100", "tpu-v5e"): {"device": its
+    description, "kernels": {family: count}, "unsupported": why each kernel it cannot run fails (empty: all run)}.
+    An attention setting the device cannot run at all is one unsupported entry. The step is lowered for one device
+    with one device's share of the micro-batch: on a mesh, jax wraps cuDNN's calls in custom partitioning until
+    compile time, and the kernels each device runs are the same."""
+    from sweet_jax.models import kernel_choice
+    from sweet_jax.parallel import devices
+
+    target = devices.preset(device)
+    platform = {"gpu": "cuda", "tpu": "tpu", "cpu": "cpu"}[target.platform]
+    one = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    per_device = max(1, plan.micro_batch_size // (mesh.shape["data"] * mesh.shape["fsdp"]))
+    with devices.simulate(target):
+        try:
+            lowered, _ = lower_step(cfg, model_cfg, one, plan.seq_len, per_device, plan.rules, plan.turn_len,
+                                    platforms=(platform,))
+        except (kernel_choice.KernelUnsupported, NotImplementedError) as e:
+            return {"device": target.describe(), "kernels": {}, "unsupported": [str(e).splitlines()[0]]}
+    text = lowered.as_text()
+    counts: dict[str, int] = {}
+    for call in kernel_choice.kernel_calls(text):
+        name = call.family + (" packed" if call.packed_segments > 1 else "")
+        counts[name] = counts.get(name, 0) + 1
+    return {"device": target.describe(), "kernels": counts,
+            "unsupported": kernel_choice.unsupported_kernels(text, target)}
