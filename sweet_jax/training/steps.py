@@ -106,7 +106,7 @@ def loss_fn(params, batch, *, objective: str, model_cfg: models.ModelConfig, los
     """Mean loss and mean metrics over the batch (reduce=False: metrics per pair / example, [P] or [B]).
     dropout_key: this step's adapter dropout (training with `model_cfg.lora`). reference_in_step: the critic's and
     DPO's reference scores come from `reference_with_adapters_off`, not from the batch's cached `ref`. The products
-    run at the model's matmul precision (`models.LlamaConfig.precision`), the log-probs' included."""
+    run at the model's matmul precision (`models.ModelConfig.precision`), the log-probs' included."""
     with jax.default_matmul_precision(model_cfg.precision):
         return _loss(params, batch, objective=objective, model_cfg=model_cfg, loss_cfg=loss_cfg, chunk=chunk,
                      reduce=reduce, dropout_key=dropout_key, reference_in_step=reference_in_step)
