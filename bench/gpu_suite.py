@@ -144,7 +144,6 @@ def _impl(smoke: bool) -> str:
 
 def _path_label(seg, impl: str, t: int, h: int) -> str:
     """Which kernel the segment dispatch gives this batch on this device, e.g. 'packed: triton'."""
-    from sweet_jax.models import kernel_choice
     from sweet_jax.parallel import devices
 
     attn = _attention()

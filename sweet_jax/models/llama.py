@@ -334,6 +334,7 @@ def _with_images(params: Params, cfg: LlamaConfig, x, tokens, images):
     features = qwen2_vl.image_features(params["visual"], cfg.vision, images)
     return qwen2_vl.scatter_image_features(x, tokens, features, cfg.image_token_id)
 
+
 def at_model_precision(fn):
     """Run `fn(params, cfg, ...)` under the config's matmul precision (`LlamaConfig.precision`): jax reads it when the
     products are traced, so the forward passes of training and inference multiply at the same precision."""
