@@ -43,6 +43,14 @@ def _gib(x: float) -> str:
 
 
 def format_plan(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
+    """The plan report; with `result["device_kernels"]` (`aot.device_kernels`), the kernels a device would run."""
+    text = _format_memory(result, cfg, model_cfg, mesh_sizes, hbm_gib, arch_note)
+    if result.get("device_kernels"):
+        text += "\n" + format_device_kernels(result["device_kernels"])
+    return text
+
+
+def _format_memory(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
     p = result["plan"]
     n = p.devices
     from sweet_jax.training import steps as obj  # after main() has set up the devices
@@ -106,3 +114,10 @@ def format_plan(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, 
                      f"remat_policy={best.remat_policy}); use more devices, a tensor axis with sequence parallelism "
                      f"(--mesh ...,tensor=N --config.mesh.rules=act_seq=tensor), or shorter sequences")
     return "\n".join(lines)
+
+
+def format_device_kernels(kernels: dict) -> str:
+    """`aot.device_kernels`' result as lines: the kernels by family, then why each one the device cannot run fails."""
+    found = ", ".join(f"{name} x{n}" for name, n in sorted(kernels["kernels"].items())) or "none"
+    return "\n".join([f"kernels on {kernels['device']}: {found}"] +
+                     [f"  cannot run there: {problem}" for problem in kernels["unsupported"]])
