@@ -50,7 +50,6 @@ import targets  # noqa: E402  (bench/targets.py: the targets, in one place)
 SECTIONS = ("versions", "attention", "pairs", "critic", "split", "decode", "peer")
 # seconds each section may take on the real shapes (the whole suite: 8 minutes); --smoke: a minute each at most
 SECTION_S = {"versions": 10, "attention": 45, "pairs": 40, "critic": 100, "split": 55, "decode": 140, "peer": 90}
-TARGETS = targets.TARGETS
 # How far a row's output may be from the reference attention's: f32 inputs (smoke), and bf16 inputs against the f32
 # reference of the same bf16 values (outputs of magnitude up to ~3: about two bf16 steps)
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
