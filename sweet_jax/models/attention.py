@@ -210,7 +210,7 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, *, impl: str = "auto", cau
         raise ValueError("pass branch ids for both the queries and the keys, or for neither")
     square = q.shape[1] == k.shape[1] and q_offset is None
     if impl in ("cudnn", "splash") and square and causal and branched:
-        return branch_rows_attention(q, k, v, q_segment_ids, q_branch_ids, impl=impl, scale=scale, device=device)
+        return branch_rows_attention(q, k, v, q_segment_ids, q_branch_ids, impl=impl, scale=scale)
     # The splash kernel's mask is static: a cache write index does not fit it.
     if impl == "splash" and (q_offset is not None or branched):
         impl = "xla"
@@ -493,7 +493,7 @@ take_tokens.defvjp(_take_tokens_fwd, _take_tokens_bwd)
 
 
 def branch_rows_attention(q, k, v, segment_ids, branch_ids, *, impl: str, scale: float,
-                          device: devices.Device | None = None, branches: int = PAIR_BRANCHES):
+                          branches: int = PAIR_BRANCHES):
     """Square causal attention over prefix-shared rows [history | branch 1 | branch 2] on a mask-free kernel: each
     row becomes one row per branch, [history, branch k], one segment then padding, which cuDNN takes as `is_causal`
     with sequence lengths (every GPU from sm80) and splash as segment ids (TPU); each token's output comes back from

@@ -19,6 +19,7 @@ because it counts the body of the layer scan once.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
@@ -240,9 +241,7 @@ def device_kernels(cfg, model_cfg: models.ModelConfig, mesh, plan: Plan, device:
         except (kernel_choice.KernelUnsupported, NotImplementedError) as e:
             return {"device": target.describe(), "kernels": {}, "unsupported": [str(e).splitlines()[0]]}
     text = lowered.as_text()
-    counts: dict[str, int] = {}
-    for call in kernel_choice.kernel_calls(text):
-        name = call.family + (" packed" if call.packed_segments > 1 else "")
-        counts[name] = counts.get(name, 0) + 1
-    return {"device": target.describe(), "kernels": counts,
+    counts = collections.Counter(call.family + (" packed" if call.packed_segments > 1 else "")
+                                 for call in kernel_choice.kernel_calls(text))
+    return {"device": target.describe(), "kernels": dict(counts),
             "unsupported": kernel_choice.unsupported_kernels(text, target)}
