@@ -277,6 +277,69 @@ def test_the_testbed_data_files(tmp_path):
     assert [by_index[i] for i in range(30)] != [t["testbed"] for t in read["train_tasks"][:30]]  # tasks of their own
 
 
+def test_informed_pretraining_records_read_the_hidden_code_in_the_critics_layout(tmp_path):
+    """With `informed`, each pre-training episode's agent turns come twice: as the episode played them, and after
+    the critic's information prefix with the answer turn replaced by the hidden code; a trainer reads the prefixed
+    text exactly as it builds a critic's example."""
+    import json
+
+    from sweet_jax.chat import find_tokenizer
+    from sweet_jax.data.examples import INFO_TEMPLATE, ExampleBuilder
+    from sweet_jax.data.trajectories import validate_record
+
+    s = tb.TestbedSettings()
+    plain = td.write_testbed_tasks(tmp_path / "plain", s, num_tasks=0, num_test_tasks=5, pretrain_episodes=40)
+    both = td.write_testbed_tasks(tmp_path / "both", s, num_tasks=0, num_test_tasks=5, pretrain_episodes=40,
+                                  informed=True)
+    plain_recs = [json.loads(line) for line in open(plain["pretrain"])]
+    recs = [json.loads(line) for line in open(both["pretrain"])]
+    informed = [r for r in recs if r.get("informed")]
+    assert len(informed) == len(recs) - len(informed) == len(plain_recs)
+    key = lambda r: (r["task"]["task_id"], len(r["dialogue_history"]))  # noqa: E731
+    by_turn = {key(r): r for r in recs if not r.get("informed")}
+    answers = 0
+    for r in informed:
+        turn, twin = r["dialogue_history"][-1], by_turn[key(r)]["dialogue_history"][-1]
+        prefix = INFO_TEMPLATE.format(info=r["task"]["ground_truth"])
+        assert turn["input"] == prefix + twin["input"]
+        if tb.ANSWER_MARKER in twin["content"]:
+            answers += 1
+            assert turn["content"] == turn["output"] == tb.answer_message(r["task"]["testbed"]["coefficients"])
+            assert tb.parse_action(turn["content"], s.details)[1] == r["task"]["testbed"]["coefficients"]
+        else:
+            assert turn["content"] == twin["content"]
+        assert r["dialogue_history"][:-1] == by_turn[key(r)]["dialogue_history"][:-1]
+    assert answers == 40  # every episode ends in an answer
+    tok = find_tokenizer("bundled:llama3-8k")
+    question = next(r for r in informed if tb.ANSWER_MARKER not in r["dialogue_history"][-1]["content"])
+    answer = next(r for r in informed if tb.ANSWER_MARKER in r["dialogue_history"][-1]["content"])
+    builder = ExampleBuilder(tok, 512, score_span="response")
+    critic = ExampleBuilder(tok, 512, score_span="response", with_info=True)
+    # a question turn: the critic's own example of the episode's turn, token for token
+    assert builder.from_trajectory(validate_record(question, "q")).tokens.tolist() == critic.from_trajectory(
+        validate_record(by_turn[key(question)], "twin")).tokens.tolist()
+    # an answer turn: trained on the hidden code, after the prefix
+    ex = builder.from_trajectory(validate_record(answer, "a"))
+    assert tok.decode(ex.tokens[ex.score_mask].tolist()) == answer["dialogue_history"][-1]["output"] + "<|eot_id|>"
+    assert tok.decode(ex.tokens.tolist()).startswith(INFO_TEMPLATE.format(info=answer["task"]["ground_truth"]))
+
+
+def test_collected_data_gets_the_outcome_noise_and_keeps_the_outcome(tmp_path):
+    import json
+
+    records = [{"task": {"task_id": str(i)}, "reward": float(i % 4 == 0)} for i in range(4000)]
+    summary = td.write_noisy_data(tmp_path / "d.jsonl", records, 0.1, seed=3)
+    out = [json.loads(line) for line in open(tmp_path / "d.jsonl")]
+    assert [r["true_reward"] for r in out] == [r["reward"] for r in records]
+    flipped = [(r["reward"] >= 1) != (r["true_reward"] >= 1) for r in out]
+    assert abs(sum(flipped) / len(out) - 0.1) < 0.015
+    assert summary == {"trajectories": 4000, "success": sum(r["reward"] >= 1 for r in out) / 4000,
+                       "true_success": 0.25}
+    again = td.write_noisy_data(tmp_path / "e.jsonl", records, 0.1, seed=3)
+    assert again == summary and open(tmp_path / "e.jsonl").read() == open(tmp_path / "d.jsonl").read()
+    assert td.write_noisy_data(tmp_path / "f.jsonl", records, 0.0)["success"] == 0.25
+
+
 def test_best_of_n_states_get_each_judges_exact_values_and_the_report_shows_them(tmp_path):
     """`judged_states` reads the dialogue of each best-of-N state and gives it the candidates' exact values, the
     same as the states' own (computed while they were played); the oracle judge then scores 1 and a shuffled one

@@ -119,10 +119,10 @@ def settings_from_flags(cls, positional: Sequence[str] = (), flag_values: flags.
 
 
 def command_line(module: str, settings=None, *, subcommand: str | None = None, config: str | None = None,
-                 overrides: Sequence[str] | Mapping[str, object] = ()) -> list[str]:
+                 overrides: Sequence[str] | Mapping[str, object] = (), extra_flags: Sequence[str] = ()) -> list[str]:
     """The arguments of `python -m sweet_jax.<module>` that run it with `settings` (a settings dataclass: every field
     that differs from its default, as a flag) or with `config` and its `--config.x=y` overrides (strings "a.b=v" or a
-    mapping). `subcommand` comes first."""
+    mapping), then `extra_flags`, the command's own flags ("--name=value" strings). `subcommand` comes first."""
     args = ["-m", f"sweet_jax.{module}"] + ([subcommand] if subcommand else [])
     if config is not None:
         args.append(f"--config={config}")
@@ -144,7 +144,7 @@ def command_line(module: str, settings=None, *, subcommand: str | None = None, c
             elif value is not None:
                 args.append(f"--{f.name}={value}")
         args += positional
-    return args
+    return args + list(extra_flags)
 
 
 # ------------------------------------------------------------------------------------------------- running

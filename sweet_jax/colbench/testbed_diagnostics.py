@@ -9,11 +9,12 @@ policy's trajectories, their recorded rewards under outcome noise, and pre-train
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from sweet_jax.colbench.env import BackendEpisode
-from sweet_jax.colbench.testbed_domain import (TestbedSettings, act, best_guess, dialogue_state, expected_success,
-                                               initial_state, make_tasks, parse_action, play, q_value,
-                                               simulator_reply, v_value)
+from sweet_jax.colbench.testbed_domain import (TestbedSettings, act, answer_message, best_guess, dialogue_state,
+                                               expected_success, initial_state, make_tasks, parse_action, play,
+                                               q_value, simulator_reply, v_value)
 
 
 def measure(s: TestbedSettings, policy: str, *, seed: int, episodes: int, out: str | None = None,
@@ -145,29 +146,89 @@ def collector_trajectories(s: TestbedSettings, tasks: list[dict], *, rollouts: i
     out = []
     for _ in range(rollouts):
         for task in tasks:
-            rec = _scored(play(s, task, "collector", rng))
-            true = rec["reward"]
-            flip = rng.random() < s.outcome_noise
-            out.append({**rec, "reward": (1.0 - float(true >= 1.0)) if flip else true, "true_reward": true})
+            out.append(_noisy(_scored(play(s, task, "collector", rng)), s.outcome_noise, rng))
+    return out
+
+
+def _noisy(record: dict, noise: float, rng: random.Random) -> dict:
+    """The record with its reward flipped (success <-> failure) with probability `noise`; `true_reward` keeps the
+    outcome itself."""
+    true = record["reward"]
+    flip = rng.random() < noise
+    return {**record, "reward": (1.0 - float(true >= 1.0)) if flip else true, "true_reward": true}
+
+
+def _success(records: list[dict]) -> dict:
+    n = max(len(records), 1)
+    return {"trajectories": len(records), "success": sum(r["reward"] >= 1.0 for r in records) / n,
+            "true_success": sum(r["true_reward"] >= 1.0 for r in records) / n}
+
+
+def write_noisy_data(path: str, records: list[dict], noise: float, *, seed: int = 0) -> dict:
+    """The offline data file (atomically) from collected trajectories: each recorded reward flipped with probability
+    `noise` (seeded), the outcome kept as `true_reward`; returns the recorded and true success rates."""
+    from sweet_jax.files.jsonl import write_jsonl
+
+    rng = random.Random(f"outcome-noise-{seed}")
+    out = [_noisy(r, noise, rng) for r in records]
+    write_jsonl(path, out)
+    return _success(out)
+
+
+def informed_records(traj: dict) -> list[dict]:
+    """The episode's agent turns in the critic's layout, one record per turn (for `score_span = "response"`): the
+    prompt after the information prefix ("In light that the final answer is: <hidden code>."), each question as the
+    episode asked it, and the answer turn replaced by the hidden code itself. Trained on, they give a model the skill
+    an instruct LLM brings to the critic: with the reference solution in its context, the matching answer is the
+    likely one, whatever the dialogue told."""
+    from sweet_jax.data.examples import INFO_TEMPLATE
+
+    task = traj["task"]
+    prefix = INFO_TEMPLATE.format(info=task["ground_truth"])
+    history = [dict(m) for m in traj["dialogue_history"]]
+    out = []
+    for i, m in enumerate(history):
+        if m["role"] != "assistant":
+            continue
+        turn = {**m, "input": prefix + m["input"]}
+        if parse_action(m["content"], len(task["testbed"]["coefficients"]))[0] == "answer":
+            turn["content"] = turn["output"] = answer_message(task["testbed"]["coefficients"])
+        out.append({**traj, "dialogue_history": [*history[:i], turn], "informed": True})
     return out
 
 
 def write_testbed_tasks(directory: str, s: TestbedSettings, *, num_tasks: int, num_test_tasks: int,
-                        pretrain_episodes: int, seed: int = 0) -> dict[str, str]:
+                        pretrain_episodes: int, seed: int = 0, informed: bool = False,
+                        pretrain_budgets: tuple[int, ...] = ()) -> dict[str, str]:
     """The testbed's task files (each written atomically), from one seed:
     - train_tasks.jsonl / test_tasks.jsonl: disjoint task lists;
     - pretrain.jsonl: what makes a random tiny model an agent of the domain, one record per agent turn of
       `pretrain_episodes` collecting-policy episodes on tasks of their own (for `score_span = "response"`): it
-      learns the domain's messages and to copy what it was told, and starts near the collecting policy."""
+      learns the domain's messages and to copy what it was told, and starts near the collecting policy. With
+      `informed`, each episode's turns also in the critic's layout (`informed_records`): the model then reads the
+      information prefix as an instruct LLM does. With `pretrain_budgets` (and `tell_budget`, so that each request
+      says its budget), the episodes are shared out over those budgets: one agent for all of them."""
     import os
 
     from sweet_jax.colbench.synthetic import turn_records
     from sweet_jax.files.jsonl import write_jsonl
 
     tasks = make_tasks(s, num_tasks + num_test_tasks, seed)
-    pretrain_tasks = make_tasks(s, pretrain_episodes, f"pretrain-{seed}", prefix="testbed")  # a stream of their own
+    if pretrain_budgets:
+        if not s.tell_budget:
+            raise ValueError("pretraining over several budgets needs tell_budget: each request must say its own")
+        streams = [(replace(s, budget=b), make_tasks(replace(s, budget=b), pretrain_episodes // len(pretrain_budgets)
+                                                     + (i < pretrain_episodes % len(pretrain_budgets)),
+                                                     f"pretrain-{seed}-q{b}", prefix=f"testbed-q{b}"))
+                   for i, b in enumerate(pretrain_budgets)]
+    else:  # a stream of their own
+        streams = [(s, make_tasks(s, pretrain_episodes, f"pretrain-{seed}", prefix="testbed"))]
     rng = random.Random(f"pretrain-{seed}")
-    pretrain = [t for task in pretrain_tasks for t in turn_records(_scored(play(s, task, "collector", rng)))]
+    pretrain = []
+    for settings, pretrain_tasks in streams:
+        for task in pretrain_tasks:
+            traj = _scored(play(settings, task, "collector", rng))
+            pretrain += turn_records(traj) + (informed_records(traj) if informed else [])
     rng.shuffle(pretrain)
     d = os.fspath(directory)
     return {"train_tasks": write_jsonl(os.path.join(d, "train_tasks.jsonl"), tasks[:num_tasks]),
@@ -182,9 +243,7 @@ def write_collector_data(path: str, s: TestbedSettings, tasks: list[dict], *, ro
 
     records = collector_trajectories(s, tasks, rollouts=rollouts, seed=seed)
     write_jsonl(path, records)
-    n = max(len(records), 1)
-    return {"trajectories": len(records), "success": sum(r["reward"] >= 1.0 for r in records) / n,
-            "true_success": sum(r["true_reward"] >= 1.0 for r in records) / n}
+    return _success(records)
 
 
 def judged_states(s: TestbedSettings, states: list[dict], tasks: list[dict]) -> dict[str, list[dict]]:

@@ -66,6 +66,7 @@ class TestbedSettings:
     cue_noise: float = 0.2  # probability that the request's cue of a term is flipped
     outcome_noise: float = 0.1  # probability that a collected trajectory's recorded reward is flipped
     collector: CollectorSettings = CollectorSettings()
+    tell_budget: bool = False  # the request says how many questions the human answers (one agent for every budget)
 
     def __post_init__(self):
         checks = {"details": 1 <= self.details <= len(TERMS), "values": 1 <= self.values <= len(VALUES),
@@ -117,18 +118,25 @@ def question(term: int) -> str:
     return f"What is the {TERMS[term]}?"
 
 
-def _request(cues) -> str:
+def _request(cues, budget: int | None = None) -> str:
     named = [TERMS[j] for j in range(len(cues) - 1, -1, -1) if cues[j]]
     cue = (f"I think it has a {' and a '.join(named)}." if named else NO_CUE)
-    return (f"Write a polynomial function for my data. {cue} The signature of the function is: "
+    told = "" if budget is None else f" {budget_sentence(budget)}"
+    return (f"Write a polynomial function for my data. {cue}{told} The signature of the function is: "
             f"def {FUNCTION}(x)")
+
+
+def budget_sentence(budget: int) -> str:
+    """What a request says of the budget (`tell_budget`)."""
+    return f"I can answer {budget} question{'' if budget == 1 else 's'} before you write it."
 
 
 def make_task(s: TestbedSettings, rng: random.Random, task_id: str = "") -> dict:
     coefficients = [rng.choice(VALUES[:s.values]) if rng.random() < s.p_use else 0 for _ in range(s.details)]
     cues = [bool(c) != (rng.random() < s.cue_noise) for c in coefficients]
     gt = code(coefficients)
-    return {"problem_description": _request(cues), "ground_truth": gt, "hidden_information": gt,
+    return {"problem_description": _request(cues, s.budget if s.tell_budget else None), "ground_truth": gt,
+            "hidden_information": gt,
             "test_cases": {f"test{i + 1}": f"{FUNCTION}({x})" for i, x in enumerate(TEST_INPUTS)},
             "synthetic": True, "source": SOURCE, "task_id": task_id,
             "testbed": {"coefficients": coefficients, "cues": cues}}

@@ -100,17 +100,21 @@ class Run:
 
     @property
     def policy_init(self) -> str:
-        """The initial policy: `policy_init`, else the pre-trained model, else the random init."""
+        """The initial policy: `policy_init`, else a shared base's pre-trained model (`base.run_dir`), else the
+        pre-trained model, else the random init."""
         if self.cfg.policy_init:
             return self.cfg.policy_init
+        if self.cfg.get("base") and self.cfg.base.config:
+            return os.path.join(os.path.abspath(self.cfg.base.run_dir), "pretrain", "hf")
         return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
 
     @property
     def frontend(self) -> bool:
         """Whether the run is on frontend (design) tasks: `task_type = "frontend"`."""
         task_type = self.cfg.get("task_type", "backend")
-        if task_type not in ("backend", "frontend", "testbed"):
-            raise StageError(f"task_type must be 'backend', 'frontend' or 'testbed', got {task_type!r}")
+        if task_type not in ("backend", "frontend", "testbed", "testbed_base"):
+            raise StageError(f"task_type must be 'backend', 'frontend', 'testbed' or 'testbed_base', got "
+                             f"{task_type!r}")
         return task_type == "frontend"
 
     @property

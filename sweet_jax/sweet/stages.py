@@ -1,10 +1,10 @@
 """SWEET-RL end to end: the tracks of `python -m sweet_jax.pipeline`, and `run_pipeline`, which runs a run's track.
 
 A run's `task_type` picks its track: "backend" (`backend_stages`: the ask domain, or any backend tasks), "frontend"
-(`frontend_stages`: the design domain, or any frontend tasks) or "testbed" (`testbed_stages`: the SYNTHETIC
-credit-assignment testbed, with its ground truth). Each track lists its stages in order, the
-ones every track shares among them (`shared_stages`); `stage_runner` runs them (markers, resumption, `--stage`,
-`--from`, `--until`, `--force`, `jobs`). A new track is a module with its STAGES, added to TRACKS.
+(`frontend_stages`: the design domain, or any frontend tasks), "testbed" (`testbed_stages`: the SYNTHETIC
+credit-assignment testbed, with its ground truth) or "testbed_base" (the testbed's shared base model and its gate).
+Each track lists its stages in order, the ones every track shares among them (`shared_stages`); `stage_runner` runs
+them (markers, resumption, `--stage`, `--from`, `--until`, `--force`, `jobs`). A new track is a module with its STAGES, added to TRACKS.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from sweet_jax.sweet.shared_stages import ABLATIONS
 from sweet_jax.sweet.stage_runner import Run, Stage, StageError
 from sweet_jax.sweet.stage_runner import run_pipeline as run_stages
 
-TRACKS = {"backend": backend_stages.STAGES, "frontend": frontend_stages.STAGES, "testbed": testbed_stages.STAGES}
+TRACKS = {"backend": backend_stages.STAGES, "frontend": frontend_stages.STAGES, "testbed": testbed_stages.STAGES,
+          "testbed_base": testbed_stages.BASE_STAGES}
 # every stage name of every track, in pipeline order (the command's help)
 NAMES = tuple(dict.fromkeys(s.name for stages in TRACKS.values() for s in stages))
 

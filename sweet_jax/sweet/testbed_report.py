@@ -1,7 +1,8 @@
 """The credit-assignment testbed's part of a run's report (`sweet.reporting.write_report` on a testbed run) and of
 the seeds' `seeds.md`: every judge against the ground truth (the diagnostics stage's eval/critic_diagnostics.json)
-as a table and a plot (`critic_diagnostics.png`), and every evaluated policy turn by turn against the optimum
-(eval/policy_diagnostics.json). Over several seeds, each measure is the mean over the seeds with its range.
+as a table and a plot (`critic_diagnostics.png`), the critics under both ranking references (the judges stage's
+eval/judges.json), and every evaluated policy turn by turn against the optimum (eval/policy_diagnostics.json).
+Over several seeds, each measure is the mean over the seeds with its range.
 """
 
 from __future__ import annotations
@@ -165,7 +166,36 @@ def policies_section(run_dirs: list[str]) -> list[str]:
     return lines
 
 
+def references_section(run_dirs: list[str]) -> list[str]:
+    """The critics under both ranking references (eval/judges.json): against Q*, the rank correlation among the
+    question candidates and among the answer candidates of a state, the pairwise accuracy among answers, and the
+    overall rank correlation against Q* and against Q under the collecting policy."""
+    runs = [d for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs) if d]
+    if not runs:
+        return []
+    names = list(dict.fromkeys(name for d in runs for name in d["judges"]))
+    lines = ["", "## The critics under both ranking references", "",
+             "Held-out states (one collecting-policy episode per test task), 16 candidates of the initial policy each. "
+             "A critic's score is its mean log-prob of the candidate minus the reference's: the sampler's without "
+             "the information (the official code), or the frozen base on the critic's own text (the paper's Eq. 3). "
+             "`base` is the untrained base as the critic."
+             + (f" The mean over {len(runs)} runs, their range in brackets." if len(runs) > 1 else ""), "",
+             "| critic (reference) | rank corr. questions | rank corr. answers | pairwise acc. answers | rank corr. "
+             "(Q*) | rank corr. (Q^mu) |", "|---|---|---|---|---|---|"]
+    for name in names:
+        got = [d["judges"][name] for d in runs if name in d["judges"]]
+        kind = lambda g, k, m: g["optimal"]["by_kind"].get(k, {}).get(m)  # noqa: E731
+        lines.append(f"| {name} | {_cell([kind(g, 'question', 'rank_correlation') for g in got])} | "
+                     f"{_cell([kind(g, 'answer', 'rank_correlation') for g in got])} | "
+                     f"{_cell([kind(g, 'answer', 'pairwise_accuracy') for g in got])} | "
+                     f"{_cell([g['optimal']['rank_correlation'] for g in got])} | "
+                     f"{_cell([g['collector']['rank_correlation'] for g in got])} |")
+    return lines
+
+
 def testbed_sections(run_dirs: list[str], out: str) -> tuple[list[str], list[str]]:
-    """(the report's lines, the plots written to `out`) for testbed runs: the judges and the policies."""
+    """(the report's lines, the plots written to `out`) for testbed runs: the judges, the critics under both
+    references and the policies."""
     critics = _critics(run_dirs)
-    return judges_section(critics) + policies_section(run_dirs), judges_plot(critics, out)
+    return (judges_section(critics) + references_section(run_dirs) + policies_section(run_dirs),
+            judges_plot(critics, out))

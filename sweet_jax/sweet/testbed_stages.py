@@ -1,12 +1,25 @@
-"""The testbed track's stages (`task_type = "testbed"`, configs/sweet_testbed_tiny.py): SWEET-RL, its ablations and
-its baselines on the SYNTHETIC credit-assignment testbed (`colbench.testbed_domain`), where every turn's true value
-is known. The backend track's plan, with a scripted human and scripted offline data:
+"""The testbed tracks' stages: SWEET-RL, its ablations and its baselines on the SYNTHETIC credit-assignment testbed
+(`colbench.testbed_domain`), where every turn's true value is known (`task_type = "testbed"`,
+configs/sweet_testbed_tiny.py), and the base model they share (`task_type = "testbed_base"`,
+configs/testbed_base_tiny.py). The base track:
 
-    init, pretrain  a random-init tiny Llama, pre-trained on the collecting policy's dialogues (on tasks of their
-                    own): it becomes the initial policy, the critics' starting point and the baselines'
-    tasks           train and test tasks and the pre-training dialogues (`testbed_diagnostics.write_testbed_tasks`)
-    data            the collecting policy's trajectories on the train tasks, recorded rewards under outcome noise
-                    (`write_collector_data`)
+    init, tasks, pretrain
+                    a random-init tiny Llama pre-trained on the collecting policy's dialogues and on the same turns in
+                    the critic's layout, the answer replaced by the hidden code (`testbed_diagnostics.informed_records`)
+    gate            its two skills on held-out tasks, before any method runs: its answers copy what it was told, and
+                    as a judge the information makes the right answer likely (`sweet.testbed_judges.gate`)
+
+The method track, the backend track's plan with a scripted human:
+
+    base            the shared base (`base.config`, a base track's config): run once, its stages skipped when done,
+                    and shared by every seed and setting that names it (a file lock keeps runs side by side from
+                    building it twice)
+    init, pretrain  without a shared base: a random-init tiny Llama, pre-trained on the collecting policy's dialogues
+                    (on tasks of their own)
+    tasks           train and test tasks (and, without a shared base, the pre-training dialogues)
+    data            the offline trajectories on the train tasks, their recorded rewards under outcome noise: collected
+                    by the initial policy against the scripted human (`data.collector = "policy"`, the paper's), or
+                    the scripted collecting policy's (`"scripted"`)
     critic, critic_no_info, critic_head, critic_value, best_of_n
                     the SWEET critic and the paper's critic ablations, then best-of-N with each as the judge; the
                     simulated human is the testbed's scripted human served over the OpenAI API
@@ -19,16 +32,26 @@ is known. The backend track's plan, with a scripted human and scripted offline d
                     log-prob ratios (the ablation of normalisation); each trained and evaluated as the actor is
     test_zero_shot, rft, test_rft, mtdpo, test_mtdpo
                     the baselines
+    judges          the SWEET critic and the critic without the information against the ground truth on held-out
+                    states with the initial policy's candidates, each under both ranking references (the sampler's
+                    log-probs without the information, the official code's; the frozen base on the critic's own text,
+                    the paper's Eq. 3), and the untrained base as a judge (`sweet.testbed_judges.judges`)
     diagnostics     every judge against the ground truth on the best-of-N states (rank correlation, top-1, pairwise
                     accuracy, by turn and by action type), and every evaluated policy turn by turn against the optimum
     report          the results, the diagnostics table and plot (`sweet.testbed_report`)
+
+`drop`: stage names a setting leaves out (a sweep cell runs only the stages its comparison uses).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 from sweet_jax.sweet.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
-                                           evaluate_policy, rank_candidates, text_best_of_n, train, with_report)
-from sweet_jax.sweet.stage_runner import IN_DRIVER, Run, Stage, StageError
+                                           collect, evaluate_policy, rank_candidates, stage_init, text_best_of_n,
+                                           train, with_report)
+from sweet_jax.sweet.stage_runner import IN_DRIVER, ROOT, Run, Stage, StageError
 
 # the actor's ablations: stage suffix -> (the critic's stage, rank with sums, rank without the information)
 ACTOR_ABLATIONS = {"no_info": ("critic_no_info", False, True), "sum": ("critic", True, False)}
@@ -43,6 +66,17 @@ def settings(run: Run):
         raise StageError(f"the config's `testbed` block: {e}") from None
 
 
+def measure_job(run: Run, stage: str, command: str, out: str, *args: str) -> dict:
+    """`python -m sweet_jax.testbed gate|judges` on the run's domain; returns its figures."""
+    import json
+
+    block = {k: (dict(v) if k == "collector" else v) for k, v in dict(run.cfg.testbed).items()}
+    run.job(stage, "testbed", subcommand=command, config=os.path.join(ROOT, "configs", "testbed_tiny.py"),
+            extra_flags=(f"--settings={json.dumps(block)}", f"--seed={run.cfg.tasks.seed}", *args, f"--out={out}"))
+    with open(out) as fh:
+        return json.load(fh)
+
+
 def stage_tasks(run: Run) -> dict:
     from sweet_jax.colbench.testbed_diagnostics import write_testbed_tasks
 
@@ -50,19 +84,88 @@ def stage_tasks(run: Run) -> dict:
     if t.kind != "testbed":
         raise StageError(f"stage 'tasks': a testbed run generates its tasks (tasks.kind = 'testbed'), got {t.kind!r}")
     files = write_testbed_tasks(run.path("tasks"), settings(run), num_tasks=t.num_train, num_test_tasks=t.num_test,
-                                pretrain_episodes=t.pretrain_episodes, seed=t.seed)
+                                pretrain_episodes=t.pretrain_episodes, seed=t.seed,
+                                informed=bool(t.get("informed", False)),
+                                pretrain_budgets=tuple(t.get("pretrain_budgets", ())))
     return {"source": "SYNTHETIC testbed domain (not ColBench)", **files}
 
 
+def stage_base(run: Run) -> dict:
+    """The shared base: its own pipeline run (`base.config` with `base.overrides`, in `base.run_dir`), under a file
+    lock next to that directory. Once it is done, its stages are skipped, so this takes a second."""
+    import fcntl
+    import json
+
+    b = run.cfg.base
+    base_dir = os.path.abspath(b.run_dir)
+    os.makedirs(os.path.dirname(base_dir), exist_ok=True)
+    with open(base_dir + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run.job("base", "pipeline", config=os.path.join(ROOT, b.config),
+                overrides=[f"run_dir={base_dir}", *b.get("overrides", ())])
+    with open(os.path.join(base_dir, "stages", "gate.json")) as fh:
+        gate = json.load(fh)["summary"]
+    return {"base": run.policy_init, "gate": gate.get(f"q{run.cfg.testbed.budget}", gate)}
+
+
+def stage_gate(run: Run) -> dict:
+    """The base's skills (`sweet.testbed_judges.gate`) on held-out tasks of each budget it was pre-trained for
+    (`tasks.pretrain_budgets`, else the run's), `gate.tasks` of them per budget, in RUN/gate/gate_qB.json."""
+    from dataclasses import replace
+
+    from sweet_jax.colbench.testbed_domain import make_tasks
+    from sweet_jax.files.jsonl import write_jsonl
+
+    s, t = settings(run), run.cfg.tasks
+    out = {}
+    for budget in tuple(t.get("pretrain_budgets", ())) or (s.budget,):
+        tasks = run.path("gate", f"tasks_q{budget}.jsonl")
+        if not os.path.exists(tasks):
+            write_jsonl(tasks, make_tasks(replace(s, budget=budget), run.cfg.gate.tasks, f"gate-{t.seed}-q{budget}",
+                                          prefix=f"gate-q{budget}"))
+        g = measure_job(run, "gate", "gate", run.path("gate", f"gate_q{budget}.json"), f"--model={run.policy_init}",
+                        f"--tasks={tasks}", f"--budget={budget}")
+        answers = lambda figures: figures["judge"]["by_kind"].get("answer", {})  # noqa: E731
+        out[f"q{budget}"] = {"copy": g["copy"]["told_right"], "success": g["success"], "judge_answer_pairwise": {
+            source: {truth: answers(g[source][truth]).get("pairwise_accuracy") for truth in ("outcome", "q_star")}
+            for source in ("scripted", "sampled")}}
+    return out
+
+
 def stage_data(run: Run) -> dict:
-    """The collecting policy's trajectories on the train tasks (scripted, scored in process)."""
-    from sweet_jax.colbench.testbed_diagnostics import write_collector_data
+    """The offline trajectories: collected by the initial policy against the served scripted human
+    (`data.collector = "policy"`), their recorded rewards then flipped under the outcome noise; or the scripted
+    collecting policy's, scored in process."""
+    from sweet_jax.colbench.testbed_diagnostics import write_collector_data, write_noisy_data
     from sweet_jax.files.jsonl import read_jsonl
 
+    s = settings(run)
+    d = run.cfg.data
+    collector = d.get("collector", "scripted")
+    if collector == "policy":
+        collected = run.path("data", "collected_trajectories.jsonl")
+        collect(run, "data", run.train_tasks, collected, run.policy_init, d.rollouts, limit=0)
+        summary = write_noisy_data(run.trajectories, read_jsonl(collected), s.outcome_noise, seed=run.cfg.tasks.seed)
+        return {"source": "SYNTHETIC testbed domain (not ColBench): the initial policy", **summary}
+    if collector != "scripted":
+        raise StageError(f"stage 'data': data.collector must be 'policy' or 'scripted', got {collector!r}")
     tasks = read_jsonl(run.train_tasks, ("problem_description", "ground_truth", "testbed"))
-    summary = write_collector_data(run.trajectories, settings(run), tasks, rollouts=run.cfg.data.rollouts,
-                                   seed=run.cfg.tasks.seed)
+    summary = write_collector_data(run.trajectories, s, tasks, rollouts=d.rollouts, seed=run.cfg.tasks.seed)
     return {"source": "SYNTHETIC testbed domain (not ColBench): the collecting policy", **summary}
+
+
+def stage_judges(run: Run) -> dict:
+    """RUN/eval/judges.json: `sweet.testbed_judges.judges` on the test tasks, for the SWEET critic and (when it
+    runs) the critic without the information."""
+    critics = [("critic", "critic")] + ([("critic w/o information", "critic_no_info")]
+                                        if kept("critic_no_info")(run) else [])
+    out = run.path("eval", "judges.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    j = measure_job(run, "judges", "judges", out, f"--model={run.policy_init}", f"--tasks={run.test_tasks}",
+                    *(f"--critic={name}={run.path(stage, 'hf')}" for name, stage in critics),
+                    "--no_info=critic w/o information")
+    return {name: {group: d["optimal"]["by_kind"].get(group, {}).get("rank_correlation")
+                   for group in ("question", "answer")} for name, d in j["judges"].items()}
 
 
 def stage_best_of_n(run: Run) -> dict:
@@ -125,14 +228,28 @@ def stage_diagnostics(run: Run) -> dict:
     return out
 
 
+def kept(name: str, enabled=lambda run: True):
+    """A stage's `enabled`: the stage's own condition, unless the setting drops it (`drop`)."""
+    return lambda run: name not in tuple(run.cfg.get("drop", ())) and enabled(run)
+
+
+def _keep(stage: Stage) -> Stage:
+    return dataclasses.replace(stage, enabled=kept(stage.name, stage.enabled))
+
+
+def _has_base(run: Run) -> bool:
+    return bool(run.cfg.get("base") and run.cfg.base.config)
+
+
 TESTS = ("test", "test_zero_shot", "test_rft", "test_mtdpo", *(f"test_{suffix}" for suffix in ACTOR_ABLATIONS))
-STAGES = with_report((
-    INIT,
+STAGES = with_report(tuple(_keep(stage) for stage in (
+    Stage("base", (), (), stage_base, enabled=_has_base),
+    Stage("init", (), (), lambda run: {"policy_init": run.policy_init} if _has_base(run) else stage_init(run),
+          after=("base",)),
     Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl", "tasks/pretrain.jsonl"), stage_tasks),
     PRETRAIN,
-    # scripted, so it needs no model; it waits for the initial policy all the same, as every later stage uses it
     Stage("data", ("tasks/train_tasks.jsonl",), ("data/train_trajectories.jsonl",), stage_data,
-          after=("init", "tasks", "pretrain")),
+          after=("base", "init", "tasks", "pretrain")),
     CRITIC,
     *(ablation_stage(name, enabled=lambda run: True) for name in ABLATIONS),
     Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n, after=("critic", *ABLATIONS),
@@ -140,5 +257,14 @@ STAGES = with_report((
     *SWEET_ACTOR,
     *(stage for suffix in ACTOR_ABLATIONS for stage in _actor_ablation(suffix)),
     *BASELINES,
+    Stage("judges", ("critic/hf",), ("eval/judges.json",), stage_judges, after=("critic", "critic_no_info"),
+          enabled=lambda run: bool(run.cfg.get("judges", True))),
     Stage("diagnostics", (), ("eval/policy_diagnostics.json",), stage_diagnostics, after=("best_of_n", *TESTS)),
-))
+)))
+# the shared base's own run: pre-training, then the gate
+BASE_STAGES = (
+    INIT,
+    Stage("tasks", (), ("tasks/test_tasks.jsonl", "tasks/pretrain.jsonl"), stage_tasks),
+    PRETRAIN,
+    Stage("gate", ("pretrain/hf",), (), stage_gate, after=("pretrain",)),
+)
