@@ -67,7 +67,9 @@ def get_config(seed: str = "0"):
     # max_steps: the questions and the answer (testbed.budget + 1); the longest answer is about 40 tokens
     c.collect.update(limit=0, max_steps=budget + 1, agent_max_tokens=48, simulator_max_tokens=24)
     c.test = ml_collections.ConfigDict(dict(rollouts=1))  # 100 episodes per method and seed, paired across methods
-    c.best_of_n_eval.seed = seed
+    # best-of-N (a diagnostic: no method trains or is evaluated on it) on the first 50 of the 100 test tasks: on all
+    # 100 it took 410 s after the value function's 229, and seed 0 took 978 s in all
+    c.best_of_n_eval.update(seed=seed, limit=50)
     c.best_of_n.max_tokens = 48
     c.critic.overrides = (*c.critic.overrides, "loss.beta=0.1")
     official_nll = "loss.nll_coef=0.01"
