@@ -17,7 +17,7 @@ As in the paper:
   each of 400 train tasks; 10% of the recorded rewards are flipped (outcome noise). The candidates the critic ranks
   and the baselines' starting point are the same model.
 - **The official recipe values**: the critic's beta 0.1 (the tiny critic's 1.0 before), NLL weight 0.01 for both DPO
-  methods (1.0 before). The toy-scale settings of configs/sweet_backend_tiny.py otherwise: learning rates, epochs,
+  methods (1.0 before), with their learning rate 3e-4 (1e-3 before; see below). The toy-scale settings of configs/sweet_backend_tiny.py otherwise: learning rates, epochs,
   the frozen embedding and LM head, the candidates scored without their header tokens.
 - **Both ranking references in the diagnostics** (stage `judges`): the official one (the sampler's log-probs
   without the information) ranks the actor's candidates; the paper's Eq. 3 (the frozen base on the critic's own
@@ -73,8 +73,14 @@ def get_config(seed: str = "0"):
     c.best_of_n.max_tokens = 48
     c.critic.overrides = (*c.critic.overrides, "loss.beta=0.1")
     official_nll = "loss.nll_coef=0.01"
-    c.policy.overrides = tuple(official_nll if o.startswith("loss.nll_coef=") else o for o in c.policy.overrides)
-    c.mtdpo.overrides = tuple(official_nll if o.startswith("loss.nll_coef=") else o for o in c.mtdpo.overrides)
+    # Both DPO methods at learning rate 3e-4 (the tiny configs' 1e-3 before): with the official NLL weight at 1e-3,
+    # seed 0's SWEET actor wrote degenerate answers ("I WANT TO ANSI WANT TO ANS...", 51% in the domain's form);
+    # 3e-4 is the largest of 1e-3, 3e-4 and 1e-4 whose actor answers in form as often as the base (99%, the base
+    # 98%), judged on form alone (docs/science.md, "A deviation")
+    dpo_lr = "optim.lr=3e-4"
+    c.policy.overrides = (*(official_nll if o.startswith("loss.nll_coef=") else o for o in c.policy.overrides),
+                          dpo_lr)
+    c.mtdpo.overrides = (*(official_nll if o.startswith("loss.nll_coef=") else o for o in c.mtdpo.overrides), dpo_lr)
     c.judges = True
     c.drop = ()
     return c
