@@ -48,7 +48,7 @@ def _mean_logprob(model: str, text_prefix: str, prompt: str, candidate: str) -> 
 
 
 def test_the_critics_under_both_references_and_the_base_judge(lms):
-    tasks = tb.make_tasks(S, 3, 5)
+    tasks = tb.make_tasks(S, 2, 5)
     out = tj.judges(lms["base"], {"critic": lms["critic"], "plain": lms["plain"], "same": lms["base"]}, S, tasks,
                     no_info=("plain",), seed=2, candidates=4, sampled=False)
     j = out["judges"]

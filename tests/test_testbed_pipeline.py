@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "sweet_testbed_tiny.py")
 
 # What is tested is the running, resuming and measuring of every stage, not what the tiny models learn.
-BASE_SMOKE = ("tasks.pretrain_episodes=30", "tasks.pretrain_budgets=(2,)", "gate.tasks=4",
+BASE_SMOKE = ("tasks.pretrain_episodes=20", "tasks.pretrain_budgets=(2,)", "gate.tasks=3",
               "pretrain.overrides=('train.epochs=1',)")
 SMOKE = ["--config.tasks.num_train=40", "--config.tasks.num_test=4", f"--config.base.overrides={BASE_SMOKE!r}",
          "--config.serve.max_batch=16", "--config.best_of_n_eval.ns=1,2", "--config.best_of_n.n=4",
@@ -53,7 +53,7 @@ def test_one_testbed_seed_runs_every_stage_and_a_kill_then_the_same_command_lose
     # the base: its own run, pre-trained and gated once
     assert {p.stem for p in (base / "stages").glob("*.json")} == {"init", "tasks", "pretrain", "gate"}
     gate = json.loads((base / "gate" / "gate_q2.json").read_text())
-    assert gate["episodes"] == 4 and set(gate["scripted"]) == {"q_star", "outcome"}
+    assert gate["episodes"] == 3 and set(gate["scripted"]) == {"q_star", "outcome"}
     # the oracle reads the hidden code: every answer pair it orders by the outcome, it orders right
     assert gate["scripted"]["outcome"]["oracle"]["by_kind"]["answer"]["pairwise_accuracy"] in (None, 1.0)
     before = {p: (run / p).stat().st_mtime_ns for p in ["data/train_trajectories.jsonl"]

@@ -640,6 +640,17 @@ def _episode_success(path: str) -> dict:
     return out
 
 
+def _paired_success(runs: list[str], methods) -> dict[str, dict]:
+    """{evaluation stage: {(run index, task, k): success}} over the runs, for `paired_difference`."""
+    success = {stage: {} for stage in methods}
+    for i, d in enumerate(runs):
+        for stage in methods:
+            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
+            if os.path.exists(path):
+                success[stage].update({(i, *k): v for k, v in _episode_success(path).items()})
+    return success
+
+
 def paired_section(runs: list[str]) -> list[str]:
     """SWEET-RL minus each baseline (on the testbed also each actor ablation), in success points, over the episodes
     both played in every run (the same task, its k-th rollout), with a 95% bootstrap interval over the runs (seeds)
@@ -647,12 +658,7 @@ def paired_section(runs: list[str]) -> list[str]:
     from sweet_jax.sweet.paired_stats import paired_difference
 
     methods = _methods(runs)
-    success = {stage: {} for stage in methods}
-    for i, d in enumerate(runs):
-        for stage in methods:
-            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
-            if os.path.exists(path):
-                success[stage].update({(i, *k): v for k, v in _episode_success(path).items()})
+    success = _paired_success(runs, methods)
     rows = []
     for base in ("test_mtdpo", "test_rft", "test_zero_shot", "test_no_info", "test_sum"):
         if base in success and success["test"] and success[base] and set(success["test"]) & set(success[base]):
@@ -668,6 +674,86 @@ def paired_section(runs: list[str]) -> list[str]:
             "|---|---|---|---|---|", *rows]
 
 
+# the testbed sweep's dials: (the run config's key, how a cell directory names the dial)
+SWEEP_DIALS = {"rollouts": ("data", "rollouts"), "noise": ("testbed", "outcome_noise"),
+               "questions": ("testbed", "budget")}
+
+
+def sweep_cells(main_runs: list[str], sweep_dir: str) -> dict[str, dict[float, list[str]]]:
+    """{dial: {value: run dirs}}: each cell of the sweep (SWEEP_DIR/DIAL_VALUE/seed_S) and, at the main setting's
+    value of every dial (read from its runs' configs), the main setting's runs."""
+    import glob
+
+    cells: dict[str, dict[float, list[str]]] = {dial: {} for dial in SWEEP_DIALS}
+    for d in sorted(glob.glob(os.path.join(sweep_dir, "*", "seed_*"))):
+        dial, _, value = os.path.basename(os.path.dirname(d)).partition("_")
+        if dial in SWEEP_DIALS and os.path.exists(os.path.join(d, "stages", "test.json")):
+            cells[dial].setdefault(float(value), []).append(d)
+    for dial, (block, key) in SWEEP_DIALS.items():
+        for d in main_runs:
+            value = _run_config(d).get(block, {}).get(key)
+            if value is not None:
+                cells[dial].setdefault(float(value), []).append(d)
+    return cells
+
+
+def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
+    """sweep.md and testbed_sweep.png in `out`: for each dial and value, SWEET-RL minus multi-turn DPO and minus RFT
+    (paired, with the bootstrap interval of `paired_section`) and each method's success, the main setting's runs at
+    its own value of every dial."""
+    from sweet_jax.sweet.paired_stats import paired_difference
+
+    cells = sweep_cells(main_runs, sweep_dir)
+    lines = ["# The testbed sweep: SWEET-RL against the baselines, dial by dial", "",
+             "Each cell moves one dial of the main setting; the main setting's runs stand at its own value of every "
+             "dial. Differences in success points, pairing the episodes of the same task in the same run, with a 95% "
+             "bootstrap interval over the runs and the episodes.", "",
+             "| dial | value | runs | SWEET-RL - multi-turn DPO | SWEET-RL - RFT | SWEET-RL | multi-turn DPO | RFT | "
+             "zero-shot |", "|---|---|---|---|---|---|---|---|---|"]
+    points = {}
+    for dial, by_value in cells.items():
+        for value, runs in sorted(by_value.items()):
+            success = _paired_success(runs, TESTBED_METHODS)
+            if not success["test"]:
+                continue
+            diffs = {base: paired_difference(success["test"], success[base]) if success[base] else None
+                     for base in ("test_mtdpo", "test_rft")}
+            rates = [f"{100 * sum(v.values()) / len(v):.1f}" if v else "-"
+                     for v in (success[m] for m in ("test", "test_mtdpo", "test_rft", "test_zero_shot"))]
+            gaps = [f"{100 * r['difference']:+.1f} ({100 * r['low']:+.1f} to {100 * r['high']:+.1f})" if r else "-"
+                    for r in (diffs["test_mtdpo"], diffs["test_rft"])]
+            lines.append(f"| {dial} | {value:g} | {len(runs)} | " + " | ".join(gaps + rates) + " |")
+            if diffs["test_mtdpo"]:
+                points.setdefault(dial, []).append((value, diffs["test_mtdpo"], len(runs)))
+    os.makedirs(out, exist_ok=True)
+    md = os.path.join(out, "sweep.md")
+    write_text(md, "\n".join(lines) + "\n")
+    if not points:
+        return [md]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 3.4), sharey=True, squeeze=False)
+    for ax, (dial, pts) in zip(axes[0], points.items()):
+        xs = [f"{v:g}" for v, _, _ in pts]
+        ys = [100 * r["difference"] for _, r, _ in pts]
+        err = [[100 * (r["difference"] - r["low"]) for _, r, _ in pts],
+               [100 * (r["high"] - r["difference"]) for _, r, _ in pts]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=4)
+        for x, y, (_, _, n) in zip(xs, ys, pts):
+            ax.annotate(f"{n} runs", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlabel(dial)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("SWEET-RL - multi-turn DPO\n(success points, 95% CI)")
+    fig.suptitle("SYNTHETIC credit-assignment testbed: SWEET-RL against multi-turn DPO by dial")
+    png = os.path.join(out, "testbed_sweep.png")
+    _save(fig, png)
+    return [md, png]
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportSettings:
     run_dir: list[str] = flag(help="a pipeline run; several (seeds of one config): also seeds.md", positional=True,
@@ -675,6 +761,8 @@ class ReportSettings:
     output: str | None = flag(None, help="default: RUN_DIR/report (the first run's, for seeds.md)")
     against: str | None = flag(None, help="another run of the same config and seed (e.g. full fine-tuning against "
                                           "LoRA): one run's report sets each method against it")
+    sweep: str | None = flag(None, help="a testbed sweep's directory (DIAL_VALUE/seed_S): also sweep.md and "
+                                        "testbed_sweep.png, the RUN_DIRs the main setting's seeds")
 
 
 def write_reports(s: ReportSettings) -> list[str]:
@@ -684,4 +772,6 @@ def write_reports(s: ReportSettings) -> list[str]:
     paths = [write_report(d, s.output if len(s.run_dir) == 1 else None, s.against) for d in s.run_dir]
     if len(s.run_dir) > 1:
         paths.append(write_seeds_report(s.run_dir, s.output or os.path.join(s.run_dir[0], "report")))
+    if s.sweep:
+        paths += sweep_report(s.run_dir, s.sweep, s.output or os.path.join(s.sweep, "report"))
     return paths
