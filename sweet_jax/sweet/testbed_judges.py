@@ -174,8 +174,9 @@ def judges(base: str, critics: dict[str, str], s: TestbedSettings, tasks: list[d
     - "model" (the paper's Eq. 3): minus the frozen base's on the same text as the critic's.
     A critic named in `no_info` reads no information, so both references are the base without it. "base" is the
     untrained base as the critic: 0 under the model reference, log p0(a | c, h) - log p0(a | h) under the sampler's.
-    Each entry: `credit_diagnostics.judge_diagnostics` against Q* ("optimal") and Q under the collecting policy
-    ("collector"), with candidates grouped into questions and answers."""
+    Each entry of `judges`: `credit_diagnostics.judge_diagnostics` against Q* ("optimal") and Q under the collecting
+    policy ("collector"), with candidates grouped into questions and answers; `scored`: every state's candidates,
+    true values and each judge's scores."""
     from sweet_jax.colbench.testbed_diagnostics import diagnostic_states
     from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
 
@@ -190,10 +191,16 @@ def judges(base: str, critics: dict[str, str], s: TestbedSettings, tasks: list[d
         own = mean_logprobs(path, s, states, info=name not in no_info)
         scores[name] = {"sampler": _minus(own, plain),
                         "model": _minus(own, plain if name in no_info else informed)}
-    out = {"states": len(states), "candidates": candidates, "sampled": sampled, "seed": seed, "judges": {}}
+    out = {"states": len(states), "candidates": candidates, "sampled": sampled, "seed": seed, "judges": {},
+           "scored": [{"task": st["task"]["task_id"], "turn": st["turn"], "candidates": st["candidates"],
+                       "kinds": st["kinds"], "truth": st["truth"], "truth_collector": st["truth_collector"],
+                       "scores": {}} for st in states]}
     for name, by_ref in scores.items():
         for ref, sc in by_ref.items():
-            out["judges"][f"{name} ({ref})"] = {
+            judge = f"{name} ({ref})"
+            out["judges"][judge] = {
                 truth: judge_diagnostics([{**st, "truth": st[key], "scores": x} for st, x in zip(states, sc)])
                 for truth, key in (("optimal", "truth"), ("collector", "truth_collector"))}
+            for rec, x in zip(out["scored"], sc):
+                rec["scores"][judge] = x
     return out
