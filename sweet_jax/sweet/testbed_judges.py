@@ -18,14 +18,15 @@ from sweet_jax.colbench.testbed_domain import TestbedSettings
 
 
 def _placed(model: str):
-    from sweet_jax import models
+    """The model placed once per process (`judges.shared_model`, which the judges below share), its tokenizer,
+    tokenized chat format and placement."""
     from sweet_jax.inference.placement import Placement
+    from sweet_jax.sweet.judges import shared_model
 
     placement = Placement.build()
-    loaded = models.load_model(model, "float32", inference_layout=True, shardings=placement.stacked_shardings)
-    params, cfg = placement.prepare(loaded.params, loaded.cfg)
+    loaded = shared_model(model, "float32", placement)
     tok = loaded.tokenizer()
-    return params, cfg, tok, loaded.chat_format_for(tok).tokenized(tok), placement
+    return loaded.params, loaded.cfg, tok, loaded.chat_format_for(tok).tokenized(tok), placement
 
 
 def play_model(model: str, s: TestbedSettings, tasks: list[dict], *, seed: int = 0, temperature: float = 1.0,
