@@ -47,6 +47,7 @@ def _mean_logprob(model: str, text_prefix: str, prompt: str, candidate: str) -> 
     return float(np.mean(lp[0, len(ids):len(ids) + len(cand)]))
 
 
+@pytest.mark.slow  # 50 s alone, 150 s beside a pipeline on 2 cores: over the unmarked tier's 240 s limit's margin
 def test_the_critics_under_both_references_and_the_base_judge(lms):
     tasks = tb.make_tasks(S, 2, 5)
     out = tj.judges(lms["base"], {"critic": lms["critic"], "plain": lms["plain"], "same": lms["base"]}, S, tasks,
