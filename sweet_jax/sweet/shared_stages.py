@@ -192,24 +192,27 @@ def stage_report(run: Run) -> dict:
     return {"report": write_report(run.dir, against=(lora.get("compare_with") or None) if lora else None)}
 
 
-def text_best_of_n(run: Run, simulator_url: str | None = None) -> dict:
+def text_best_of_n(run: Run, simulator_url: str | None = None, left_out: tuple[str, ...] = ()) -> dict:
     """Figure 3a on backend tasks: best-of-N selection on the test tasks with the initial policy fixed, by the SWEET
     critic, the same critic ranking with sums, the critic trained without the information, the regression-head
-    critic, the value function, the initial policy as LLM-as-judge (with the information), and random choice. The
-    simulated human is `run.simulator` in process, or the server at `simulator_url`."""
+    critic, the value function, the initial policy as LLM-as-judge (with the information), and random choice; the
+    critics whose stages are `left_out` are not judges. The simulated human is `run.simulator` in process, or the
+    server at `simulator_url`."""
     e, judge = run.cfg.best_of_n_eval, selection.judge_spec
     head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
+    judges = [("critic", judge("SWEET critic", run.path("critic", "hf"), "critic", *head)),
+              ("critic", judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head)),
+              ("critic_no_info", judge("critic w/o information", run.path("critic_no_info", "hf"), "critic",
+                                       "no-info", *head)),
+              ("critic_head", judge("regression head", run.path("critic_head", "hf"), "head")),
+              ("critic_value", judge("value function", run.path("critic_value", "hf"), "value")),
+              ("init", judge("LLM judge", run.policy_init, "llm"))]
     run.job("best_of_n", "best_of_n", selection.SelectionSettings(
         policy=run.policy_init, simulator=run.simulator, simulator_url=simulator_url, tasks=run.test_tasks,
         output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
         max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
-        simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
-            judge("SWEET critic", run.path("critic", "hf"), "critic", *head),
-            judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head),
-            judge("critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
-            judge("regression head", run.path("critic_head", "hf"), "head"),
-            judge("value function", run.path("critic_value", "hf"), "value"),
-            judge("LLM judge", run.policy_init, "llm")]), subcommand="evaluate")
+        simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed,
+        judge=[spec for stage, spec in judges if stage not in left_out]), subcommand="evaluate")
     with open(run.path("eval", "best_of_n.json")) as fh:
         return {"success": json.load(fh)["success"]}
 

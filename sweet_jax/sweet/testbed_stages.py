@@ -169,9 +169,10 @@ def stage_judges(run: Run) -> dict:
 
 
 def stage_best_of_n(run: Run) -> dict:
-    """The backend's best-of-N evaluation (`shared_stages.text_best_of_n`), the scripted human served."""
+    """The backend's best-of-N evaluation (`shared_stages.text_best_of_n`), the scripted human served; the critics
+    the setting drops are not judges."""
     with run.served("best_of_n_simulator", run.simulator, "simulator") as sim:
-        return text_best_of_n(run, simulator_url=sim)
+        return text_best_of_n(run, simulator_url=sim, left_out=tuple(run.cfg.get("drop", ())))
 
 
 def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
