@@ -240,30 +240,42 @@ def test_frontend_report_gives_similarity_win_rate_and_pools_seeds(tmp_path):
 
 def test_the_sweep_report_sets_each_cell_of_each_dial_against_multi_turn_dpo(tmp_path):
     """`--sweep`: each cell (DIAL_VALUE/seed_S) of a dial and, at the main setting's own value of every dial, the main
-    runs; per cell SWEET-RL minus multi-turn DPO (and minus RFT) over the paired episodes, and the figure."""
-    def testbed_run(run, sweet, mtdpo, config=None):
+    runs; per cell SWEET-RL minus multi-turn DPO (and minus RFT) over the paired episodes, the SWEET critic's rank
+    correlations among questions and answers (official reference) over the cell's runs, and the figure."""
+    def testbed_run(run, sweet, mtdpo, config=None, critic=None):
         _marker(run, "test", {"trajectories": 3, "tests_passed": 0.5, "success": 0.5})
         _write_eval(run, "test", [sweet])
         _write_eval(run, "test_mtdpo", [mtdpo])
         if config is not None:
             (run / "config.json").write_text(json.dumps(config))
+        if critic is not None:  # (questions, answers): the judges stage's rank correlations
+            def judged(question, answer):
+                return {"optimal": {"rank_correlation": 0.5, "by_kind": {"question": {"rank_correlation": question},
+                                                                        "answer": {"rank_correlation": answer}}},
+                        "collector": {"rank_correlation": 0.5}}
+            (run / "eval" / "judges.json").write_text(json.dumps({"judges": {
+                "critic (sampler)": judged(*critic), "critic (model)": judged(0.9, 0.9)}}))
 
     main = {"task_type": "testbed", "data": {"rollouts": 3}, "testbed": {"outcome_noise": 0.1, "budget": 2}}
     mains = [tmp_path / "main" / f"seed_{i}" for i in range(2)]
-    testbed_run(mains[0], [1, 1, 0], [0, 1, 0], main)
-    testbed_run(mains[1], [0, 1, 0], [0, 1, 0], main)
+    testbed_run(mains[0], [1, 1, 0], [0, 1, 0], main, critic=(0.4, 0.3))
+    testbed_run(mains[1], [0, 1, 0], [0, 1, 0], main, critic=(0.2, None))
     sweep = tmp_path / "sweep"
-    testbed_run(sweep / "questions_3" / "seed_0", [1, 1, 1], [0, 0, 0], {**main, "testbed": {"budget": 3}})
+    testbed_run(sweep / "questions_3" / "seed_0", [1, 1, 1], [0, 0, 0], {**main, "testbed": {"budget": 3}},
+                critic=(-0.1, 0.5))
     testbed_run(sweep / "questions_1" / "seed_0", [0, 0, 0], [1, 1, 0], {**main, "testbed": {"budget": 1}})
     (sweep / "noise_0" / "seed_0").mkdir(parents=True)  # a cell still running: no test stage yet
     proc = _report(*mains, "--sweep", sweep, "--output", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "sweep.md").read_text()
-    assert "| questions | 1 | 1 | -66.7 (-100.0 to +0.0) | - | 0.0 | 66.7 | - | - |" in md  # [-1, -1, 0] resampled
-    assert "| questions | 3 | 1 | +100.0 (+100.0 to +100.0) | - | 100.0 | 0.0 | - | - |" in md
-    # the main runs at their own value of each dial: 1 of 6 paired episodes won, none lost
+    # [-1, -1, 0] resampled; no judges stage: no critic figures
+    assert "| questions | 1 | 1 | -66.7 (-100.0 to +0.0) | - | 0.0 | 66.7 | - | - | - | - |\n" in md
+    assert "| questions | 3 | 1 | +100.0 (+100.0 to +100.0) | - | 100.0 | 0.0 | - | - | -0.10 | 0.50 |\n" in md
+    # the main runs at their own value of each dial: 1 of 6 paired episodes won, none lost; the critic's questions
+    # over both runs, its answers over the one that has them
     for row in ("| questions | 2 | 2 | +16.7", "| rollouts | 3 | 2 | +16.7", "| noise | 0.1 | 2 | +16.7"):
         assert row in md
+        assert md.split(row)[1].split("\n")[0].endswith(" | 0.30 (0.20-0.40) | 0.30 |")
     assert "| noise | 0 |" not in md
     with Image.open(tmp_path / "out" / "testbed_sweep.png") as im:
         assert im.size[0] > 600

@@ -27,7 +27,7 @@ import os
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_file, write_text
 from sweet_jax.files.jsonl import read_jsonl
-from sweet_jax.sweet.testbed_report import TESTBED_METHODS, testbed_sections
+from sweet_jax.sweet.testbed_report import TESTBED_METHODS, critic_by_kind, testbed_sections
 
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
@@ -699,17 +699,20 @@ def sweep_cells(main_runs: list[str], sweep_dir: str) -> dict[str, dict[float, l
 
 def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
     """sweep.md and testbed_sweep.png in `out`: for each dial and value, SWEET-RL minus multi-turn DPO and minus RFT
-    (paired, with the bootstrap interval of `paired_section`) and each method's success, the main setting's runs at
-    its own value of every dial."""
+    (paired, with the bootstrap interval of `paired_section`), each method's success, and the SWEET critic's rank
+    correlation with Q* among question and among answer candidates under the official reference (the judges stage's
+    "critic (sampler)"), the main setting's runs at its own value of every dial."""
     from sweet_jax.sweet.paired_stats import paired_difference
 
     cells = sweep_cells(main_runs, sweep_dir)
     lines = ["# The testbed sweep: SWEET-RL against the baselines, dial by dial", "",
              "Each cell moves one dial of the main setting; the main setting's runs stand at its own value of every "
              "dial. Differences in success points, pairing the episodes of the same task in the same run, with a 95% "
-             "bootstrap interval over the runs and the episodes.", "",
+             "bootstrap interval over the runs and the episodes. The critic columns: the SWEET critic's rank "
+             "correlation with Q* among a held-out state's question candidates and among its answer candidates "
+             "(official reference; the mean over the runs, their range in brackets).", "",
              "| dial | value | runs | SWEET-RL - multi-turn DPO | SWEET-RL - RFT | SWEET-RL | multi-turn DPO | RFT | "
-             "zero-shot |", "|---|---|---|---|---|---|---|---|---|"]
+             "zero-shot | critic, questions | critic, answers |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     points = {}
     for dial, by_value in cells.items():
         for value, runs in sorted(by_value.items()):
@@ -722,7 +725,9 @@ def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
                      for v in (success[m] for m in ("test", "test_mtdpo", "test_rft", "test_zero_shot"))]
             gaps = [f"{100 * r['difference']:+.1f} ({100 * r['low']:+.1f} to {100 * r['high']:+.1f})" if r else "-"
                     for r in (diffs["test_mtdpo"], diffs["test_rft"])]
-            lines.append(f"| {dial} | {value:g} | {len(runs)} | " + " | ".join(gaps + rates) + " |")
+            critic = critic_by_kind(runs)
+            lines.append(f"| {dial} | {value:g} | {len(runs)} | " + " | ".join(gaps + rates) +
+                         f" | {critic['question']} | {critic['answer']} |")
             if diffs["test_mtdpo"]:
                 points.setdefault(dial, []).append((value, diffs["test_mtdpo"], len(runs)))
     os.makedirs(out, exist_ok=True)

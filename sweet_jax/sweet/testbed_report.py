@@ -193,6 +193,16 @@ def references_section(run_dirs: list[str]) -> list[str]:
     return lines
 
 
+def critic_by_kind(run_dirs: list[str], name: str = "critic (sampler)") -> dict[str, str]:
+    """{"question": cell, "answer": cell}: judge `name`'s rank correlation with Q* among a state's question
+    candidates and among its answer candidates (eval/judges.json), the mean over the runs that have it with their
+    range; "-" where none has."""
+    got = [d["judges"][name] for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs)
+           if d and name in d["judges"]]
+    return {kind: _cell([g["optimal"]["by_kind"].get(kind, {}).get("rank_correlation") for g in got])
+            for kind in ("question", "answer")}
+
+
 def testbed_sections(run_dirs: list[str], out: str) -> tuple[list[str], list[str]]:
     """(the report's lines, the plots written to `out`) for testbed runs: the judges, the critics under both
     references and the policies."""
