@@ -186,7 +186,7 @@ def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(f
     assert json.loads(out.read_text()) == result
 
 
-
+@pytest.mark.slow  # 15.1 s in a fresh clone's CI run (2026-12-06), over the unmarked tier's 15 s
 def test_best_of_n_evaluation_on_backend_tasks_with_a_served_simulated_human(files, tmp_path):
     """--simulator_url on backend tasks: the testbed's scripted human behind its server answers every turn, in place
     of a simulator model in process."""

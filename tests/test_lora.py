@@ -29,7 +29,8 @@ def _peft_model(base, targets, rank=4, alpha=8.0, seed=1):
     return model.eval()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+# qwen2: 26.5 s in a fresh clone's CI run (2026-12-06), over the unmarked tier's 15 s
+@pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_a_peft_adapter_gives_peft_logits_and_round_trips(tmp_path, family):
     base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
     base = make_hf_llama(base_dir, family=family, kv_heads=2, layers=2)
