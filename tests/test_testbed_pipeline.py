@@ -14,7 +14,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "sweet_testbed_tiny.py")
 
-# What is tested is the running, resuming and measuring of every stage, not what the tiny models learn.
+# What is tested is the running, resuming and measuring of every stage, not what the tiny models learn. The smoke run
+# leaves out (`drop`) the ablations whose stages are the same functions as stages it keeps: the head and value critics
+# train as the backend track's do (tests/test_pipeline.py runs both), and the summed-advantage actor is
+# `ablation_stage` as the no-information actor is, with the other ranking (tests/test_best_of_n.py checks both sums).
+SMOKE_DROPPED = ("critic_head", "critic_value", "rank_sum", "policy_sum", "test_sum")
 BASE_SMOKE = ("tasks.pretrain_episodes=20", "tasks.pretrain_budgets=(2,)", "gate.tasks=3",
               "pretrain.overrides=('train.epochs=1',)")
 SMOKE = ["--config.tasks.num_train=40", "--config.tasks.num_test=4", f"--config.base.overrides={BASE_SMOKE!r}",
@@ -23,21 +27,14 @@ SMOKE = ["--config.tasks.num_train=40", "--config.tasks.num_test=4", f"--config.
          # batch 2: 40 tasks give few ground-truth pairs
          "--config.critic.overrides=('data.score_span=assistant','train.epochs=1','optim.freeze=embed,lm_head',"
          "'optim.batch_size=2','optim.micro_batch_size=2','loss.beta=0.1')",
-         "--config.critic_value.overrides=('objective=value','data.kind=turn_values','optim.freeze=embed',"
-         "'train.epochs=1','optim.batch_size=8','optim.micro_batch_size=8')",
          "--config.rft.overrides=('optim.freeze=embed,lm_head','optim.batch_size=2','optim.micro_batch_size=2')",
          "--config.mtdpo.overrides=('optim.freeze=embed,lm_head','loss.nll_coef=0.01','optim.batch_size=2',"
-         "'optim.micro_batch_size=2')"]
+         "'optim.micro_batch_size=2')", f"--config.drop={SMOKE_DROPPED!r}"]
 STAGES = ("base", "init", "tasks", "data", "critic", "critic_no_info", "critic_head", "critic_value", "best_of_n",
           "sample", "rank", "pairs", "policy", "test", "rank_no_info", "policy_no_info", "test_no_info", "rank_sum",
           "policy_sum", "test_sum", "test_zero_shot", "rft", "test_rft", "mtdpo", "test_mtdpo", "judges",
           "diagnostics", "report")
 TRACK = ("base", "init", "tasks", "pretrain", *STAGES[3:])
-# The smoke run leaves out (`drop`) the ablations whose stages are the same functions as stages it keeps: the head and
-# value critics train as the backend track's do (tests/test_pipeline.py runs both), and the summed-advantage actor is
-# `ablation_stage` as the no-information actor is, with the other ranking (tests/test_best_of_n.py checks both sums).
-SMOKE_DROPPED = ("critic_head", "critic_value", "rank_sum", "policy_sum", "test_sum")
-SMOKE.append(f"--config.drop={SMOKE_DROPPED!r}")
 SMOKE_STAGES = tuple(n for n in STAGES if n not in SMOKE_DROPPED)
 
 

@@ -166,11 +166,21 @@ def policies_section(run_dirs: list[str]) -> list[str]:
     return lines
 
 
+def _judged_runs(run_dirs: list[str]) -> list[dict]:
+    """The runs' eval/judges.json (the judges stage's), those that have one."""
+    return [d for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs) if d]
+
+
+def _by_kind(judged: dict, kind: str, measure: str) -> float | None:
+    """A judge's `measure` against Q* among the candidates of one kind ("question", "answer") of a state."""
+    return judged["optimal"]["by_kind"].get(kind, {}).get(measure)
+
+
 def references_section(run_dirs: list[str]) -> list[str]:
     """The critics under both ranking references (eval/judges.json): against Q*, the rank correlation among the
     question candidates and among the answer candidates of a state, the pairwise accuracy among answers, and the
     overall rank correlation against Q* and against Q under the collecting policy."""
-    runs = [d for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs) if d]
+    runs = _judged_runs(run_dirs)
     if not runs:
         return []
     names = list(dict.fromkeys(name for d in runs for name in d["judges"]))
@@ -184,10 +194,9 @@ def references_section(run_dirs: list[str]) -> list[str]:
              "(Q*) | rank corr. (Q^mu) |", "|---|---|---|---|---|---|"]
     for name in names:
         got = [d["judges"][name] for d in runs if name in d["judges"]]
-        kind = lambda g, k, m: g["optimal"]["by_kind"].get(k, {}).get(m)  # noqa: E731
-        lines.append(f"| {name} | {_cell([kind(g, 'question', 'rank_correlation') for g in got])} | "
-                     f"{_cell([kind(g, 'answer', 'rank_correlation') for g in got])} | "
-                     f"{_cell([kind(g, 'answer', 'pairwise_accuracy') for g in got])} | "
+        lines.append(f"| {name} | {_cell([_by_kind(g, 'question', 'rank_correlation') for g in got])} | "
+                     f"{_cell([_by_kind(g, 'answer', 'rank_correlation') for g in got])} | "
+                     f"{_cell([_by_kind(g, 'answer', 'pairwise_accuracy') for g in got])} | "
                      f"{_cell([g['optimal']['rank_correlation'] for g in got])} | "
                      f"{_cell([g['collector']['rank_correlation'] for g in got])} |")
     return lines
@@ -197,10 +206,8 @@ def critic_by_kind(run_dirs: list[str], name: str = "critic (sampler)") -> dict[
     """{"question": cell, "answer": cell}: judge `name`'s rank correlation with Q* among a state's question
     candidates and among its answer candidates (eval/judges.json), the mean over the runs that have it with their
     range; "-" where none has."""
-    got = [d["judges"][name] for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs)
-           if d and name in d["judges"]]
-    return {kind: _cell([g["optimal"]["by_kind"].get(kind, {}).get("rank_correlation") for g in got])
-            for kind in ("question", "answer")}
+    got = [d["judges"][name] for d in _judged_runs(run_dirs) if name in d["judges"]]
+    return {kind: _cell([_by_kind(g, kind, "rank_correlation") for g in got]) for kind in ("question", "answer")}
 
 
 def testbed_sections(run_dirs: list[str], out: str) -> tuple[list[str], list[str]]:

@@ -172,7 +172,7 @@ def stage_best_of_n(run: Run) -> dict:
     """The backend's best-of-N evaluation (`shared_stages.text_best_of_n`), the scripted human served; the critics
     the setting drops are not judges."""
     with run.served("best_of_n_simulator", run.simulator, "simulator") as sim:
-        return text_best_of_n(run, simulator_url=sim, left_out=tuple(run.cfg.get("drop", ())))
+        return text_best_of_n(run, simulator_url=sim, left_out=dropped(run))
 
 
 def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
@@ -229,9 +229,14 @@ def stage_diagnostics(run: Run) -> dict:
     return out
 
 
+def dropped(run: Run) -> tuple[str, ...]:
+    """The stages the setting leaves out (`drop`)."""
+    return tuple(run.cfg.get("drop", ()))
+
+
 def kept(name: str, enabled=lambda run: True):
     """A stage's `enabled`: the stage's own condition, unless the setting drops it (`drop`)."""
-    return lambda run: name not in tuple(run.cfg.get("drop", ())) and enabled(run)
+    return lambda run: name not in dropped(run) and enabled(run)
 
 
 def _keep(stage: Stage) -> Stage:
