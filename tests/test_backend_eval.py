@@ -395,3 +395,20 @@ def test_a_timed_score_off_the_main_thread_is_an_error_not_a_failed_test():
     t.join()
     assert "main thread" in out["error"]
     assert out["untimed"].success and score_answer(right, right, {"t": "f(1)"}).success
+
+
+@needs_bwrap
+def test_the_worker_without_site_sees_what_a_normal_start_sees():
+    """The worker starts with -S (no .pth file's code run: an editable install's finder was most of a sandbox's
+    start), and is given what `site` adds: inside the sandbox the module search path is the one this interpreter gets
+    from a normal start in the sandbox's environment, site-packages' modules import, and `exit` / `quit` / `help`
+    are there as in the official reference's process."""
+    normal = subprocess.run([sys.executable, "-s", "-B", "-P", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                            capture_output=True, text=True, env=sandbox.ENV, timeout=60, check=True)
+    code = ("def f():\n    import sys\n    return list(sys.path)\n"
+            "def g():\n    import numpy\n    return numpy.__name__\n"
+            "def h():\n    return [type(exit).__name__, type(quit).__name__, type(help).__name__, str(copyright)[:9]]")
+    path, numpy_name, builtins_ = (decode(v) for v in sandbox.run_code(code, ["f()", "g()", "h()"]))
+    assert path == json.loads(normal.stdout)
+    assert numpy_name == "numpy"
+    assert builtins_ == ["Quitter", "Quitter", "_Helper", "Copyright"]

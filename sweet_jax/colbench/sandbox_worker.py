@@ -1,11 +1,13 @@
 """The process that runs one piece of untrusted code inside the sandbox, and the plain-data codec for its results.
 
-Run as a standalone script (`python -s -P sandbox_worker.py`, no package imports, so it starts fast) by
+Run as a standalone script (`python -S -s -P sandbox_worker.py`, no package imports, so it starts fast) by
 `colbench.sandbox`. It reads one JSON job from stdin:
 
     {"code": str, "calls": [str, ...], "start": int, "namespace": "official" | "clean", "timeout": float | null,
-     "limits": {"as_bytes": int, "cpu_s": int, "nofile": int, "fsize": int, "nproc": int}, "no_fork": bool}
+     "limits": {"as_bytes": int, "cpu_s": int, "nofile": int, "fsize": int, "nproc": int}, "no_fork": bool,
+     "path": [str, ...]}
 
+puts `path` (the interpreter's site-packages, which `site` would have added) on its module search path,
 sets hard resource limits on itself, with `no_fork` installs a seccomp filter that refuses to create processes
 (threads still work), writes `ready`, then for each call from `start` on runs the code afresh and evaluates the call
 (the official per-test semantics, SIGALRM timeout included) and writes one line `"<index>\\t<encoded value>\\n"` to
@@ -292,8 +294,21 @@ def _run_one(code: str, call: str, namespace: str, timeout):
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def _as_site_would(path: list[str]) -> None:
+    """What `site` gives a process, for a worker started without it (-S): the module search path the job names
+    (the interpreter's site-packages) and the builtins `site` adds (exit, quit, help, copyright, credits,
+    license), without running any .pth file's code."""
+    import site
+
+    site.setquit()
+    site.setcopyright()
+    site.sethelper()
+    sys.path.extend(p for p in path if p not in sys.path)
+
+
 def main() -> None:
     job = json.loads(sys.stdin.read())
+    _as_site_would(job.get("path", []))
     out = os.fdopen(job["fd"], "w", buffering=1)
     _set_limits(job.get("limits", {}))
     if job.get("no_fork"):
