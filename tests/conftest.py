@@ -2,6 +2,7 @@
 cache for every worker and every subprocess a test starts, the time budget (`budget.py`: a limit on every test, heavy
 tests first on different workers) and what a run builds once for all its workers (`shared.py`)."""
 
+import contextlib
 import os
 import sys
 
@@ -9,14 +10,52 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Set before jax is imported, here and in every child process. Tests compile the same tiny programs again and again,
-# in the two workers and in the commands they run; an entry is a few hundred KiB, the oldest go past 4 GiB. Every
-# program is kept, however quick its compile: a process compiles dozens of small ones (eager ops, the samplers'
-# helpers), and reading them back is cheaper than compiling them again (warm, on 2 cores: a tiny critic job, a
-# sampling and a ranking job 20.6 CPU-s together against 22.4 with a 0.2 s threshold).
+# in the two workers and in the commands they run, and every program is kept, however quick its compile: a process
+# compiles dozens of small ones (eager ops, the samplers' helpers), and reading them back is cheaper. No size limit
+# for jax: with one, each read and write takes a lock on the whole cache, and each write lists and reads every entry
+# to evict the oldest (with every program kept, a run was an eighth done after 33 minutes, its workers mostly asleep
+# on that lock). Warm, on 2 cores, a tiny critic job, a sampling and a ranking job side by side: 22.0 CPU-s (4 runs)
+# against 24.6 with a 0.2 s threshold and a 4 GiB limit. The run trims the cache instead, once, at its start
+# (`trim_compilation_cache`).
 CACHE = os.environ.setdefault("SWEET_JAX_TEST_CACHE", os.path.expanduser("~/.cache/sweet_jax/tests"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(CACHE, "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
+CACHE_LIMIT_BYTES = 4 << 30  # the compilation cache's size after the trim at a run's start
+
+
+def trim_compilation_cache(path: str, limit: int = CACHE_LIMIT_BYTES) -> int:
+    """Delete the oldest entries (by modification time) of the compilation cache at `path` until it holds at most
+    `limit` bytes, and the access-time files of jax's size-limited mode, which nothing reads without a limit.
+    Returns the bytes freed."""
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return 0
+    entries, freed = [], 0
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            st = os.stat(full)
+        except FileNotFoundError:
+            continue
+        if name.endswith("-atime"):
+            os.remove(full)
+        elif name.endswith("-cache"):
+            entries.append((st.st_mtime, st.st_size, full))
+    total = sum(size for _, size, _ in entries)
+    for _, size, full in sorted(entries):
+        if total <= limit:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(full)
+        total -= size
+        freed += size
+    return freed
+
+
+if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process (or a run without workers), once
+    trim_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 from budget import (  # noqa: E402,F401 - pytest finds the plugins' hooks here
     pytest_addoption, pytest_collection_modifyitems, pytest_runtest_logreport, pytest_runtest_makereport,

@@ -162,3 +162,19 @@ def test_commands_run_side_by_side_end_with_the_test_that_its_limit_stops(pytest
     assert len(started) == 2
     for pid in started:  # killed and reaped: gone, not a zombie
         assert not os.path.exists(f"/proc/{pid}"), open(f"/proc/{pid}/stat").read()
+
+
+def test_the_runs_trim_keeps_the_newest_compilation_cache_entries_within_the_limit(tmp_path):
+    """The suite's compilation cache has no size limit in jax (a limit locks the cache on every read and scans every
+    entry on every write): the run trims it at its start, oldest entries first, and drops jax's access-time files."""
+    from conftest import trim_compilation_cache
+
+    for i in range(5):
+        (tmp_path / f"k{i}-cache").write_bytes(b"x" * 100)
+        (tmp_path / f"k{i}-atime").write_bytes(b"t")
+        os.utime(tmp_path / f"k{i}-cache", (1000 + i, 1000 + i))
+    (tmp_path / "other").write_bytes(b"y" * 1000)
+    assert trim_compilation_cache(str(tmp_path), limit=250) == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k3-cache", "k4-cache", "other"]
+    assert trim_compilation_cache(str(tmp_path), limit=250) == 0
+    assert trim_compilation_cache(str(tmp_path / "missing")) == 0
