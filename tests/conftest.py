@@ -54,7 +54,9 @@ def trim_compilation_cache(path: str, limit: int = CACHE_LIMIT_BYTES) -> int:
     return freed
 
 
-if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process (or a run without workers), once
+# the controlling process (or a run without workers), once; a size limit set from outside leaves eviction to jax,
+# which reads the access-time files
+if "PYTEST_XDIST_WORKER" not in os.environ and os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == "-1":
     trim_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 from budget import (  # noqa: E402,F401 - pytest finds the plugins' hooks here
