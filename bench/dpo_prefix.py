@@ -47,7 +47,7 @@ def worker_jax(args, packed: bool) -> dict:
     from sweet_jax.data.batching import collate
     from sweet_jax.data.buckets import default_buckets
     from sweet_jax.data.examples import Example
-    from sweet_jax.training import steps as obj
+    from sweet_jax.training import batch_scores, steps
     from sweet_jax.training.optim import make_optimizer
 
     cfg = models.LlamaConfig.from_pretrained(args.ckpt).replace(attention_impl="reference")
@@ -67,7 +67,7 @@ def worker_jax(args, packed: bool) -> dict:
         batch["ref"] = np.zeros((len(items), 2), np.float32)
     else:
         batch = collate([c for c, _ in items] + [r for _, r in items], buckets, 0, gather_buckets=gather)
-        batch = {k: batch[k] for k in obj.MODEL_INPUTS}
+        batch = {k: batch[k] for k in batch_scores.MODEL_INPUTS}
         batch["ref"] = np.zeros(2 * len(items), np.float32)
     batch = jax.device_put(batch)
 
@@ -76,7 +76,7 @@ def worker_jax(args, packed: bool) -> dict:
                                        "clip": 1.0, "warmup_frac": 0.0, "min_lr_ratio": 0.1})
     tx = make_optimizer(optim, args.steps, 1)
     kw = dict(objective="dpo", model_cfg=cfg, loss_cfg=loss_cfg, chunk=512)
-    step = jax.jit(obj.make_train_step(tx, jit=False, **kw), donate_argnums=(0,))
+    step = jax.jit(steps.make_train_step(tx, jit=False, **kw), donate_argnums=(0,))
     state = {"params": params, "opt_state": tx.init(params), "step": jax.numpy.zeros((), "int32")}
     t0 = time.perf_counter()
     compiled = step.lower(state, batch).compile()
@@ -84,7 +84,7 @@ def worker_jax(args, packed: bool) -> dict:
     mem = compiled.memory_analysis()
     temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
     # The one-time reference pass over these pairs (the trainer caches it per dataset): forward only.
-    score = jax.jit(lambda p, b: obj.sequence_scores(p, cfg, b, "sum", 512)[0])
+    score = jax.jit(lambda p, b: batch_scores.sequence_scores(p, cfg, b, "sum", 512)[0])
     jax.block_until_ready(score(state["params"], batch))
     t0 = time.perf_counter()
     jax.block_until_ready(score(state["params"], batch))

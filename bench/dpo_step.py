@@ -47,7 +47,7 @@ def worker_jax(args) -> dict:
     from sweet_jax.data.batching import collate
     from sweet_jax.data.buckets import default_buckets
     from sweet_jax.data.examples import ExampleBuilder
-    from sweet_jax.training import steps as obj
+    from sweet_jax.training import batch_scores, steps
     from sweet_jax.training.defaults import base_config
     from sweet_jax.training.optim import make_optimizer
 
@@ -57,28 +57,28 @@ def worker_jax(args) -> dict:
     params = models.load_hf_params(args.ckpt, cfg)
     freeze, in_step = (), args.lora and args.reference == "in_step"
     if args.lora:
-        cfg = cfg.replace(lora=models.config.LoraSettings(rank=args.lora, alpha=2.0 * args.lora,
-                                                          targets=models.config.LORA_TARGETS))
+        cfg = cfg.replace(lora=models.model_configs.LoraSettings(rank=args.lora, alpha=2.0 * args.lora,
+                                                          targets=models.model_configs.LORA_TARGETS))
         params = {**params, "lora": lora.init_adapters(cfg, cfg.lora, jax.random.key(0))}
-        freeze = obj.frozen_names("", cfg)
+        freeze = steps.frozen_names("", cfg)
     tok = load_tokenizer(args.ckpt)
     builder = ExampleBuilder(tok, 1024, score_span="response")
     pairs = json.load(open(os.path.join(args.ckpt, "pairs.json")))
     c = base_config()
     c.objective, c.loss.reduction, c.loss.beta, c.optim.lr = "dpo", "sum", 0.1, 1e-5
     tx = make_optimizer(c.optim, args.steps, 1)
-    step = obj.make_train_step(tx, freeze, objective="dpo", model_cfg=cfg, loss_cfg=c.loss, chunk=512,
+    step = steps.make_train_step(tx, freeze, objective="dpo", model_cfg=cfg, loss_cfg=c.loss, chunk=512,
                                reference_in_step=bool(in_step))
-    state = {"params": params, "opt_state": tx.init(obj.split_params(params, freeze)[0]),
+    state = {"params": params, "opt_state": tx.init(steps.split_params(params, freeze)[0]),
              "step": jax.numpy.zeros((), "int32")}
-    score = jax.jit(lambda p, b: obj.sequence_scores(p, cfg, b, "sum", 512)[0])
+    score = jax.jit(lambda p, b: batch_scores.sequence_scores(p, cfg, b, "sum", 512)[0])
     batches = []
     for s in range(args.steps):
         chunk = pairs[(s * args.pairs) % len(pairs):][:args.pairs]
         exs = [builder.from_text(p["prompt"], p["chosen"], "bench") for p in chunk] + \
               [builder.from_text(p["prompt"], p["rejected"], "bench") for p in chunk]
         b = collate(exs, default_buckets(1024), tok.bos_token_id, gather_buckets=default_buckets(1024, 32))
-        b = {k: b[k] for k in obj.MODEL_INPUTS}
+        b = {k: b[k] for k in batch_scores.MODEL_INPUTS}
         if not in_step:
             b["ref"] = np.zeros(2 * len(chunk), np.float32)
         batches.append(b)

@@ -9,7 +9,7 @@ Prints {"output", "params"} as JSON (exit 2 for a bad file or setting). See `swe
 import json
 
 from sweet_jax.cli.app import run
-from sweet_jax.models.config import ConfigError
+from sweet_jax.models.model_configs import ConfigError
 from sweet_jax.models.gguf_import import GgufImportSettings, import_gguf, smollm2_instruct_dir
 
 

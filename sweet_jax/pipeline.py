@@ -7,8 +7,9 @@
 Every stage writes into `run_dir`, is skipped once its marker RUN/stages/NAME.json exists, and runs as a child
 process with its log in RUN/logs/NAME.log, so a kill at any point followed by the same command redoes nothing that
 had finished. The stages and what they do: `sweet_jax.sweet.backend_stages`, `frontend_stages` and
-`testbed_stages` (the run's `task_type` picks one). Prints each stage's summary as JSON; exit 1 when a stage fails (the message names its log),
-2 for a bad command line.
+`testbed_stages` (the run's `task_type` picks one). The config is checked against its track's schema
+(`sweet_jax.sweet.pipeline_config`) before any stage runs. Prints each stage's summary as JSON; exit 1 when a stage
+fails (the message names its log), 2 for a bad command line or config.
 """
 
 import json
@@ -17,20 +18,18 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from sweet_jax.cli.app import run
+from sweet_jax.cli.app import require_config, run
 from sweet_jax.files.errors import DataError
+from sweet_jax.sweet.pipeline_config import load_pipeline_config
 from sweet_jax.sweet.stages import NAMES, StageError, run_pipeline
 
 FLAGS = flags.FLAGS
 
 
 def main(argv) -> int:
-    if FLAGS.config is None:
-        print("error: bad command line: --config is required, e.g. --config configs/sweet_backend_tiny.py",
-              file=sys.stderr)
-        return 2
+    cfg = require_config(FLAGS.config, "configs/sweet_backend_tiny.py", load_pipeline_config)  # before any stage
     try:
-        records = run_pipeline(FLAGS.config, only=FLAGS.stage, start=FLAGS["from"].value, until=FLAGS.until,
+        records = run_pipeline(cfg, only=FLAGS.stage, start=FLAGS["from"].value, until=FLAGS.until,
                                force=FLAGS.force)
     except (StageError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)

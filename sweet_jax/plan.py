@@ -28,7 +28,8 @@ from ml_collections import config_flags
 
 from sweet_jax.cli.app import require_config, run
 from sweet_jax.files.atomic import write_json
-from sweet_jax.training.planning import BF16_NOTE, PlanError, fake_cpu_devices, format_plan, parse_mesh
+from sweet_jax.training.planning import (BF16_NOTE, PlanError, fake_cpu_devices, format_plan, parse_mesh,
+                                         plan_document)
 
 FLAGS = flags.FLAGS
 
@@ -57,15 +58,17 @@ def serve_main() -> int:
 def main(argv) -> int:
     if FLAGS.serve:
         return serve_main()
-    cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8")
-    sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh, FLAGS.devices)
+    from sweet_jax.training.job_config import JobConfig
+
+    cfg = require_config(FLAGS.config, "configs/critic_8b.py --mesh fsdp=8", JobConfig)
+    sizes, devices = parse_mesh(FLAGS.mesh, cfg.mesh.to_dict(), FLAGS.devices)
     bf16_params = cfg.model.param_dtype in ("bfloat16", "float16")
     fake_cpu_devices(devices, bf16_params)
     import jax
 
     from sweet_jax import models
     from sweet_jax.parallel import sharding
-    from sweet_jax.training import aot, trainer
+    from sweet_jax.training import aot, job_setup
 
     if jax.device_count() != devices:
         print(f"error: jax started with {jax.device_count()} devices, not {devices} (was it imported before "
@@ -75,25 +78,22 @@ def main(argv) -> int:
     try:
         if cfg.model.hf_path and not os.path.isdir(cfg.model.hf_path):
             arch_note = f" (preset {cfg.model.preset}: {cfg.model.hf_path} is not here)"
-            cfg.model.hf_path = ""
-        model_cfg = trainer.model_config(cfg.model, cfg.objective, cfg.get("tokenizer_path"), cfg.get("lora"))
+            cfg = cfg.replace(model=cfg.model.replace(hf_path=""))
+        model_cfg = job_setup.model_config(cfg.model, cfg.objective, cfg.tokenizer_path, cfg.lora)
         seq_len = FLAGS.seq_len or int(cfg.data.max_len)
         mesh = sharding.make_mesh(sizes)
         result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search,
                               turn_len=FLAGS.turn_len)
         if FLAGS.device:  # the kernels the planned step would run there
             result["device_kernels"] = aot.device_kernels(cfg, model_cfg, mesh, result["plan"], FLAGS.device)
-    except (models.ConfigError, trainer.SetupError, ValueError) as e:
+    except (models.ConfigError, job_setup.SetupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(result, cfg, model_cfg, sizes, FLAGS.hbm_gib, arch_note))
     if bf16_params:
         print(BF16_NOTE.format(dtype=cfg.model.param_dtype))
     if FLAGS.json:
-        doc = {"mesh": sizes, "hbm_gib": FLAGS.hbm_gib, "fits": result["fits"], "suggestion": result["suggestion"],
-               "plan": result["plan"].as_dict(), "alternatives": [a.as_dict() for a in result["alternatives"]],
-               "device_kernels": result.get("device_kernels")}
-        write_json(FLAGS.json, doc, indent=2)
+        write_json(FLAGS.json, plan_document(result, sizes, FLAGS.hbm_gib), indent=2)
     return 0 if result["fits"] and not (result.get("device_kernels") or {}).get("unsupported") else 1
 
 

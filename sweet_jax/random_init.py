@@ -10,7 +10,7 @@ setting). See `sweet_jax.models.random_weights`.
 import json
 
 from sweet_jax.cli.app import run
-from sweet_jax.models.config import ConfigError
+from sweet_jax.models.model_configs import ConfigError
 from sweet_jax.models.random_weights import RandomInitSettings, write_random_init
 
 

@@ -17,9 +17,10 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> int:
     from sweet_jax.parallel import distributed
+    from sweet_jax.training.job_config import JobConfig
     from sweet_jax.training.trainer import run as train
 
-    cfg = require_config(FLAGS.config, "configs/critic_tiny.py")
+    cfg = require_config(FLAGS.config, "configs/critic_tiny.py", JobConfig)
     distributed.initialize()  # multi-host: join the other processes before any device is used
     result = train(cfg)
     if distributed.is_leader():

@@ -1,6 +1,6 @@
 """The layout rules of docs/architecture.md, checked on the source: the package's top level holds commands only, no
 two modules share a name, imports point one way through the layers, `colbench/` (and everything it imports) is free
-of JAX, and only `models/` and `chat/` name the Llama family in code."""
+of JAX, only `models/` and `chat/` name the Llama family in code, and no function is longer than a screen."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LAYERS = (
     ("training", "inference"),
     ("sweet",),
 )
-COMMANDS = ("best_of_n", "collect", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
+COMMANDS = ("best_of_n", "collect", "config", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
             "report", "serve", "tasks", "testbed", "train")
 JAX_ROOTS = ("jax", "jaxlib", "flax", "optax", "orbax")
 
@@ -151,3 +151,17 @@ LLAMA_CODE = re.compile(r"\bLlama\w*(Config|Format)\b|\bLLAMA\w*|\bllama3_tokeni
 def test_only_models_and_the_chat_formats_name_the_llama_family(module):
     for lineno, line in enumerate(open(MODULES[module]), 1):
         assert not LLAMA_CODE.search(line), f"{MODULES[module]}:{lineno}: names the Llama family: {line.strip()}"
+
+
+LONGEST_FUNCTION = 80  # lines: a function a reader takes in on one screen
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"{path}:{node.lineno}: {node.name} is {lines} lines")
+    assert not long, f"split these (at most {LONGEST_FUNCTION} lines each):\n" + "\n".join(long)

@@ -88,7 +88,7 @@ def test_sample_and_rank_take_a_base_model_plus_a_peft_adapter(files, tmp_path):
     same seeds, the same scores."""
     from sweet_jax.models import lora
 
-    s = models.config.LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
+    s = models.model_configs.LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
     adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(CFG, s, jax.random.key(3)))
     lora.save_peft_adapter(tmp_path / "adapter", adapters, CFG, s)
     base = models.load_hf_params(str(files / "policy"), CFG)

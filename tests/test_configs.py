@@ -105,7 +105,7 @@ def test_lora_recipes_are_table5_with_adapters_on_a_bf16_base(recipe, size):
         for k in full[section].keys():
             if (section, k) not in changed:
                 assert c[section][k] == full[section][k], (section, k)
-    from sweet_jax.models.config import LORA_TARGETS, LoraSettings
+    from sweet_jax.models.model_configs import LORA_TARGETS, LoraSettings
     from sweet_jax.models.loading import lora_settings
 
     assert lora_settings(c.lora) == LoraSettings(rank=16, alpha=32.0, targets=LORA_TARGETS)

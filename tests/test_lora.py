@@ -168,7 +168,7 @@ def test_the_reference_with_adapters_off_equals_a_separately_loaded_base(tmp_pat
     import jax
     import ml_collections
 
-    from sweet_jax.training import steps
+    from sweet_jax.training import batch_scores, steps
 
     make_hf_llama(tmp_path / "base", layers=2)
     cfg = models.load_config(str(tmp_path / "base"))
@@ -184,9 +184,9 @@ def test_the_reference_with_adapters_off_equals_a_separately_loaded_base(tmp_pat
              "gather_pos": np.tile(np.arange(T - S, T, dtype=np.int32), (B, 1)),
              "gather_score": np.ones((B, S), bool), "gather_nll": np.ones((B, S), bool),
              "gather_turn": np.zeros((B, S), np.int32)}
-    off = steps.reference_with_adapters_off(params, cfg_lora, batch, "trajectory_mean", 8)
-    base = steps.sequence_scores(separate, cfg, batch, "trajectory_mean", 8)[0]
-    adapted = steps.sequence_scores(params, cfg_lora, batch, "trajectory_mean", 8)[0]
+    off = batch_scores.reference_with_adapters_off(params, cfg_lora, batch, "trajectory_mean", 8)
+    base = batch_scores.sequence_scores(separate, cfg, batch, "trajectory_mean", 8)[0]
+    adapted = batch_scores.sequence_scores(params, cfg_lora, batch, "trajectory_mean", 8)[0]
     assert np.array_equal(np.asarray(off), np.asarray(base))
     assert np.abs(np.asarray(adapted) - np.asarray(base)).min() > 1e-3  # the adapters are on otherwise
 
@@ -203,7 +203,7 @@ def test_the_reference_with_adapters_off_equals_a_separately_loaded_base(tmp_pat
         for a, b in zip(jax.tree.leaves(g_in), jax.tree.leaves(g_cached)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     with pytest.raises(ValueError, match="needs adapters"):
-        steps.reference_with_adapters_off(separate, cfg, batch, "trajectory_mean", 8)
+        batch_scores.reference_with_adapters_off(separate, cfg, batch, "trajectory_mean", 8)
 
 
 @pytest.mark.parametrize("name", ["tiny", "qwen2-tiny", "qwen2-vl-tiny"])

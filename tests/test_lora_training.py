@@ -89,16 +89,19 @@ def test_the_pipeline_passes_its_lora_settings_to_every_fine_tuning_stage_but_th
 
     import ml_collections
 
+    from sweet_jax.sweet.pipeline_config import load_pipeline_config
     from sweet_jax.sweet.shared_stages import lora_overrides
     from sweet_jax.training.defaults import derived_from
 
     cfg = derived_from(os.path.join(os.path.dirname(__file__), "..", "configs", "x.py"), "sweet_backend_tiny.py")
-    run = types.SimpleNamespace(cfg=cfg)
+    run = types.SimpleNamespace(cfg=load_pipeline_config(cfg))
     assert lora_overrides(run, ("train.epochs=2",)) == []  # rank 0: full fine-tuning, as before
     cfg.lora.rank = 8
+    run = types.SimpleNamespace(cfg=load_pipeline_config(cfg))
     assert lora_overrides(run, ("train.epochs=2",)) == [
         "lora.rank=8", "lora.alpha=16.0", "lora.dropout=0.0",
         "lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"]
     for head in cfg.critic_head.overrides, cfg.critic_value.overrides:  # a new score head: trained in full
         assert lora_overrides(run, (*cfg.critic.overrides, *head)) == []
-    assert lora_overrides(types.SimpleNamespace(cfg=ml_collections.ConfigDict()), ()) == []  # an older run's config
+    older = load_pipeline_config(ml_collections.ConfigDict(dict(run_dir="runs/x")))
+    assert lora_overrides(types.SimpleNamespace(cfg=older), ()) == []  # an older run's config

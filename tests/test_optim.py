@@ -55,12 +55,12 @@ def test_freeze_keeps_named_params_fixed_and_out_of_the_optimiser():
     import jax
     import pytest
 
-    from sweet_jax.training import steps as obj
+    from sweet_jax.training import steps
     cfg, params, batch = _tiny_step_inputs()
     tx = optax.adam(1e-2)
     for freeze in ((), ("embed",)):
-        trainable = obj.split_params(params, freeze)[0]
-        step = obj.make_train_step(tx, freeze, objective="sft", model_cfg=cfg, loss_cfg=None, chunk=4)
+        trainable = steps.split_params(params, freeze)[0]
+        step = steps.make_train_step(tx, freeze, objective="sft", model_cfg=cfg, loss_cfg=None, chunk=4)
         state = {"params": jax.tree.map(jnp.copy, params), "opt_state": tx.init(trainable),
                  "step": jnp.zeros((), jnp.int32)}
         state, _ = step(state, batch)
@@ -70,4 +70,4 @@ def test_freeze_keeps_named_params_fixed_and_out_of_the_optimiser():
         shapes = {tuple(x.shape) for x in jax.tree.leaves(state["opt_state"])}
         assert ((64, 16) in shapes) == (freeze == ())
     with pytest.raises(ValueError, match="lm_head"):
-        obj.split_params(params, ("lm_head",))
+        steps.split_params(params, ("lm_head",))

@@ -13,7 +13,7 @@ from sweet_jax.data.batching import collate
 from sweet_jax.data.buckets import default_buckets
 from sweet_jax.data.examples import Example
 from sweet_jax.models.attention import attention_mask
-from sweet_jax.training import steps as obj
+from sweet_jax.training import batch_scores, steps
 
 CFG = models.LlamaConfig.preset("tiny", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2)
@@ -50,7 +50,7 @@ def _pair(rng, shared: int, tail_c: int, tail_r: int, *, same_opening: int = 0):
 def _plain_batch(pairs, nll_span="score"):
     rows = [c for c, _ in pairs] + [r for _, r in pairs]
     b = collate(rows, BUCKETS, 0, gather_buckets=GATHER, nll_span=nll_span)
-    return {k: jnp.asarray(b[k]) for k in obj.MODEL_INPUTS}
+    return {k: jnp.asarray(b[k]) for k in batch_scores.MODEL_INPUTS}
 
 
 def _packed_batch(pairs, nll_span="score", pad_side="right"):
@@ -96,10 +96,10 @@ def test_packed_logprobs_equal_unpacked(impl):
     cfg = CFG.replace(attention_impl=impl)
     params = models.init_params(cfg, jax.random.key(0), std=0.1)
     pairs = _pairs(np.random.default_rng(0))
-    _, plain_lp = obj.sequence_scores(params, cfg, _plain_batch(pairs), "sum", 16)
+    _, plain_lp = batch_scores.sequence_scores(params, cfg, _plain_batch(pairs), "sum", 16)
     for pad_side in ("right", "left"):
-        _, packed_lp = obj.sequence_scores(params, cfg, _packed_batch(pairs, pad_side=pad_side), "sum", 16)
-        packed_lp = np.asarray(obj.plain_order(packed_lp))
+        _, packed_lp = batch_scores.sequence_scores(params, cfg, _packed_batch(pairs, pad_side=pad_side), "sum", 16)
+        packed_lp = np.asarray(batch_scores.plain_order(packed_lp))
         gathered = np.asarray(_plain_batch(pairs)["gather_score"])
         assert gathered.sum() > 0
         np.testing.assert_allclose(packed_lp[:, :plain_lp.shape[1]] * gathered, np.asarray(plain_lp) * gathered,
@@ -119,7 +119,7 @@ def test_packed_loss_and_gradients_equal_unpacked(objective, reduction, nll_span
     packed = _packed_batch(pairs, nll_span) | {"ref": jnp.asarray(ref)}
 
     def loss_and_grad(batch):
-        fn = lambda p: obj.loss_fn(p, batch, objective=objective, model_cfg=CFG, loss_cfg=loss_cfg, chunk=16)  # noqa
+        fn = lambda p: steps.loss_fn(p, batch, objective=objective, model_cfg=CFG, loss_cfg=loss_cfg, chunk=16)  # noqa
         return jax.value_and_grad(fn, has_aux=True)(params)
 
     (l0, m0), g0 = loss_and_grad(plain)
@@ -199,8 +199,8 @@ def test_packed_examples_loss_and_gradients_equal_unpacked(multiple):
     assert packed["tokens"].shape[1] == plain["tokens"].shape[1]  # rows no longer than the plain ones
 
     def loss_and_grad(batch):
-        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in obj.MODEL_INPUTS + ("example_mask",)}
-        fn = lambda p: obj.loss_fn(p, batch, objective="sft", model_cfg=CFG, loss_cfg=None, chunk=16)  # noqa
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in batch_scores.MODEL_INPUTS + ("example_mask",)}
+        fn = lambda p: steps.loss_fn(p, batch, objective="sft", model_cfg=CFG, loss_cfg=None, chunk=16)  # noqa
         return jax.value_and_grad(fn, has_aux=True)(params)
 
     (l0, m0), g0 = loss_and_grad(plain)
@@ -229,12 +229,13 @@ def test_pair_rows_may_outgrow_max_len_and_example_rows_may_not():
     example still fits max_len); rows of whole examples stop at max_len, and a longer data.pack_length is an error."""
     assert packing.pair_buckets(256, 128) == (128, 192, 256, 384, 512)
     assert packing.pair_buckets(8192, 128)[-6:] == (7168, 8192, 10240, 12288, 14336, 16384)
-    from sweet_jax.training import splits, trainer
+    from sweet_jax.cli.schema import SchemaError
+    from sweet_jax.training.job_config import JobConfig
 
-    cfg = ml_collections.ConfigDict(dict(objective="sft", data=dict(pack_examples=True, pack_length=512,
+    cfg = ml_collections.ConfigDict(dict(objective="sft", data=dict(kind="rft", pack_examples=True, pack_length=512,
                                                                     max_len=256)))
-    with pytest.raises(trainer.SetupError, match="data.pack_length=512 is over data.max_len=256"):
-        trainer.use_packing(cfg, splits.Split([_example(list(range(10)), [(5, 10)])], paired=False))
+    with pytest.raises(SchemaError, match="data.pack_length=512 is over data.max_len=256"):
+        JobConfig.load(cfg)  # refused when the config loads, before any data is read
 
 
 def test_sft_token_mean_weighs_every_token_alike_packed_or_not():
@@ -249,8 +250,8 @@ def test_sft_token_mean_weighs_every_token_alike_packed_or_not():
     plain = collate(examples, BUCKETS, 0, gather_buckets=GATHER)
 
     def loss(batch, mean, reduce=True):
-        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in obj.MODEL_INPUTS + ("example_mask",)}
-        return obj.loss_fn(params, batch, objective="sft", model_cfg=CFG, loss_cfg={"sft_mean": mean}, chunk=16,
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k in batch_scores.MODEL_INPUTS + ("example_mask",)}
+        return steps.loss_fn(params, batch, objective="sft", model_cfg=CFG, loss_cfg={"sft_mean": mean}, chunk=16,
                            reduce=reduce)
 
     _, each = loss(plain, "token", reduce=False)  # per example: token-mean NLL and token count

@@ -12,7 +12,7 @@ STEP_PRELUDE = """
     import jax, jax.numpy as jnp, numpy as np, ml_collections
     from sweet_jax import models
     from sweet_jax.parallel import sharding
-    from sweet_jax.training import steps as obj
+    from sweet_jax.training import steps
     from sweet_jax.training.optim import make_optimizer
     from sweet_jax.training.partitioning import Layout
 
@@ -55,7 +55,7 @@ STEP_EQUIVALENCE = STEP_PRELUDE + """
                 losses += [float(metrics["loss"]), float(metrics["grad_norm"])]
             return state, losses
 
-        ref_state, ref_losses = run(obj.make_train_step(tx, **loss_kw))
+        ref_state, ref_losses = run(steps.make_train_step(tx, **loss_kw))
         moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(ref_state["params"]),
                                                                  jax.tree.leaves(params0)))
         assert moved > 5e-5, moved  # the second step really updates the params
@@ -88,7 +88,7 @@ def test_critic_and_dpo_steps_match_one_device_on_three_meshes():
 LORA_STEP_EQUIVALENCE = STEP_PRELUDE + """
     from sweet_jax.models import lora
     # adapters on a frozen bf16 base: the reference in the step with the adapters off (critic), adapter dropout (dpo)
-    lcfg = cfg.replace(param_dtype="bfloat16", lora=models.config.LoraSettings(
+    lcfg = cfg.replace(param_dtype="bfloat16", lora=models.model_configs.LoraSettings(
         rank=4, alpha=8.0, dropout=0.25, targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj")))
     params0 = {**jax.tree.map(lambda x: x.astype(jnp.bfloat16), params0),
                "lora": lora.init_adapters(lcfg, lcfg.lora, jax.random.key(1))}
@@ -107,7 +107,7 @@ LORA_STEP_EQUIVALENCE = STEP_PRELUDE + """
                 losses += [float(metrics["loss"]), float(metrics["grad_norm"])]
             return state, losses
 
-        ref_state, ref_losses = run(obj.make_train_step(tx, freeze, dropout_seed=dropout_seed, **loss_kw))
+        ref_state, ref_losses = run(steps.make_train_step(tx, freeze, dropout_seed=dropout_seed, **loss_kw))
         moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(ref_state["params"]["lora"]),
                                                                  jax.tree.leaves(params0["lora"])))
         assert moved > 4e-5, moved  # the second step's lr is 5e-5, and Adam's first update is about lr in size

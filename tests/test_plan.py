@@ -136,7 +136,7 @@ def test_the_planned_batch_is_the_batch_the_trainer_collates(packed):
     from sweet_jax.data.examples import Example
     from sweet_jax.training import aot, splits
     from sweet_jax.training.partitioning import Layout
-    from sweet_jax.training.trainer import Batcher
+    from sweet_jax.training.batcher import Batcher
 
     seq, turn, pairs = 256, 32, 2
     rng = np.random.default_rng(0)

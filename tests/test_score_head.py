@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from sweet_jax import models, objectives
-from sweet_jax.models.config import LlamaConfig
-from sweet_jax.training import steps as obj
+from sweet_jax.models.model_configs import LlamaConfig
+from sweet_jax.training import steps
 from sweet_jax.training.defaults import base_config
 
 
@@ -104,7 +104,7 @@ def _head_model():
 def test_reward_objective_is_pairwise_loss_on_the_mean_value_over_real_tokens():
     cfg, params = _head_model()
     batch = _batch(np.random.default_rng(0), 4, 10, [10, 6, 3, 8])  # pairs (0, 2) and (1, 3)
-    loss, m = obj.loss_fn(params, batch, objective="reward", model_cfg=cfg, loss_cfg=base_config().loss, chunk=64)
+    loss, m = steps.loss_fn(params, batch, objective="reward", model_cfg=cfg, loss_cfg=base_config().loss, chunk=64)
     v = np.asarray(models.token_values(params, cfg, batch["tokens"], segment_ids=batch["segment_ids"]))
     r = [v[i, :n].mean() for i, n in enumerate([10, 6, 3, 8])]
     want = [np.log1p(np.exp(-(r[0] - r[2]))), np.log1p(np.exp(-(r[1] - r[3])))]
@@ -116,7 +116,7 @@ def test_value_objective_is_cross_entropy_at_the_last_real_token():
     cfg, params = _head_model()
     batch = _batch(np.random.default_rng(1), 3, 10, [10, 4, 7])
     batch["label"] = np.array([1.0, 0.0, 1.0], np.float32)
-    loss, m = obj.loss_fn(params, batch, objective="value", model_cfg=cfg, loss_cfg=base_config().loss, chunk=64)
+    loss, m = steps.loss_fn(params, batch, objective="value", model_cfg=cfg, loss_cfg=base_config().loss, chunk=64)
     v = np.asarray(models.token_values(params, cfg, batch["tokens"], segment_ids=batch["segment_ids"]))
     z = np.array([v[0, 9], v[1, 3], v[2, 6]])
     p = 1 / (1 + np.exp(-z))

@@ -75,7 +75,7 @@ def test_the_llama3_chat_format_renders_and_segments_with_the_cut_tokenizer(toke
 
 def test_a_score_head_critic_on_the_cut_tokenizer_pads_with_its_finetune_pad_token():
     from sweet_jax.training.defaults import recipe_tiny
-    from sweet_jax.training.trainer import model_config
+    from sweet_jax.training.job_setup import model_config
 
     c = recipe_tiny("reward", "x")
     cfg = model_config(c.model, "reward", c.tokenizer_path)

@@ -135,7 +135,7 @@ def test_the_testbed_track_runs_each_stage_after_what_it_uses():
     after best-of-N and every evaluation, and the report last. `:S` sets the seed of everything at once; a bad seed
     or testbed block is named."""
     from sweet_jax.sweet import testbed_stages
-    from sweet_jax.sweet.stage_runner import Run, StageError
+    from sweet_jax.sweet.stage_runner import Run
     from sweet_jax.sweet.stages import track_stages
 
     cfg = _config("3")
@@ -160,8 +160,10 @@ def test_the_testbed_track_runs_each_stage_after_what_it_uses():
         _config("x")
     bad = _config()
     bad.testbed.cue_noise = 1.5
-    with pytest.raises(StageError, match="`testbed` block: .*cue_noise=1.5"):
-        testbed_stages.settings(Run(bad))
+    from sweet_jax.cli.schema import SchemaError
+
+    with pytest.raises(SchemaError, match="field 'testbed': testbed settings out of range: cue_noise=1.5"):
+        Run(bad)  # refused when the config loads, before any stage
 
 
 def test_the_first_setting_the_base_and_the_sweep_cells():

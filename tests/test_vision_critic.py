@@ -105,7 +105,7 @@ def test_the_judges_reward_is_the_mean_of_the_score_heads_values(tmp_path, visio
 
     from sweet_jax import models
     from sweet_jax.training.image_pairs import chat_example, image_arrays
-    from sweet_jax.training.steps import batch_images, model_positions
+    from sweet_jax.training.batch_scores import batch_images, model_positions
 
     cache = RenderCache(str(tmp_path / "renders"), renderer_factory=FlatRenderer)
     judge = vc.VisionJudge(vision_head, cache)

@@ -152,7 +152,7 @@ def test_one_vllm_server_holds_the_base_and_every_lora_runs_adapter_with_sweet_j
 
     _, model = shared_vllm()
     base = models.load_model(model, "float32")
-    s = models.config.LoraSettings(rank=8, alpha=16.0, targets=models.config.LORA_TARGETS)
+    s = models.model_configs.LoraSettings(rank=8, alpha=16.0, targets=models.model_configs.LORA_TARGETS)
     cfg = base.cfg.replace(lora=s)
     adapters = {}
     for i, stage in enumerate(("policy", "rft")):  # two LoRA runs of the same base, as the pipeline's stages

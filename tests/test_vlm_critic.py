@@ -22,7 +22,7 @@ from sweet_jax import models
 from sweet_jax.data.examples import Example
 from sweet_jax.models.qwen2_vl_images import ImageSettings, preprocess
 from sweet_jax.training import image_pairs
-from sweet_jax.training import steps as obj
+from sweet_jax.training import batch_scores, steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMG = 500
@@ -82,8 +82,8 @@ def test_batch_rows_hold_their_own_images(params):
         if n:
             np.testing.assert_array_equal(batch["pixels"][i, :n], e.images[0])
     # the per-row batch gives each row the values it has alone
-    values = models.token_values(params, CFG, batch["tokens"], obj.model_positions(batch), batch["segment_ids"],
-                                 images=obj.batch_images(batch))
+    values = models.token_values(params, CFG, batch["tokens"], batch_scores.model_positions(batch), batch["segment_ids"],
+                                 images=batch_scores.batch_images(batch))
     for i in (1, 2):
         e = rows[i]
         alone = models.token_values(params, CFG, e.tokens[None], segment_ids=None,
@@ -94,15 +94,15 @@ def test_batch_rows_hold_their_own_images(params):
 @pytest.mark.parametrize("padding", ["exclude", "include"])
 def test_reward_is_the_mean_token_value_with_padding_as_set(params, padding):
     batch, rows = image_batch()
-    values = np.asarray(models.token_values(params, CFG, batch["tokens"], obj.model_positions(batch),
-                                            batch["segment_ids"], images=obj.batch_images(batch)), np.float64)
+    values = np.asarray(models.token_values(params, CFG, batch["tokens"], batch_scores.model_positions(batch),
+                                            batch["segment_ids"], images=batch_scores.batch_images(batch)), np.float64)
     mask = batch["segment_ids"] > 0 if padding == "exclude" else np.ones_like(batch["segment_ids"], bool)
     reward = (values * mask).sum(1) / mask.sum(1)
     margin = reward[:4] - reward[4:]
     want = np.mean(np.log1p(np.exp(-margin)))
-    loss, metrics = obj.loss_fn(params, batch, **_loss_kw(padding))
+    loss, metrics = steps.loss_fn(params, batch, **_loss_kw(padding))
     assert abs(float(loss) - want) < 1e-5 and np.std(values) > 0.1
-    other, _ = obj.loss_fn(params, batch, **_loss_kw("include" if padding == "exclude" else "exclude"))
+    other, _ = steps.loss_fn(params, batch, **_loss_kw("include" if padding == "exclude" else "exclude"))
     assert abs(float(other) - float(loss)) > 1e-4  # the setting matters on this batch
 
 
@@ -111,8 +111,8 @@ def test_gradient_matches_central_differences(params):
     """Directional derivatives of the loss along random directions, of all the weights and of the vision tower's
     alone, against (L(p + eps v) - L(p - eps v)) / 2 eps."""
     batch, _ = image_batch(seed=1)
-    loss = jax.jit(lambda p: obj.loss_fn(p, batch, **_loss_kw())[0])
-    grad = jax.grad(lambda p: obj.loss_fn(p, batch, **_loss_kw())[0])(params)
+    loss = jax.jit(lambda p: steps.loss_fn(p, batch, **_loss_kw())[0])
+    grad = jax.grad(lambda p: steps.loss_fn(p, batch, **_loss_kw())[0])(params)
     assert float(jnp.abs(grad["visual"]["patch"]).max()) > 0  # the images get gradients
     for seed, part in ((0, None), (1, "visual")):
         leaves, tree = jax.tree.flatten(params)
@@ -134,7 +134,7 @@ SHARDED = """
     import jax, jax.numpy as jnp, numpy as np, ml_collections
     from sweet_jax import models
     from sweet_jax.parallel import sharding
-    from sweet_jax.training import steps as obj
+    from sweet_jax.training import batch_scores, steps
     from sweet_jax.training.optim import make_optimizer
     from sweet_jax.training.partitioning import Layout
     from test_vlm_critic import CFG, _loss_kw, image_batch
@@ -155,7 +155,7 @@ SHARDED = """
             out += [float(metrics["loss"]), float(metrics["grad_norm"])]
         return state, out
 
-    ref_state, ref = run(obj.make_train_step(tx, **_loss_kw()))
+    ref_state, ref = run(steps.make_train_step(tx, **_loss_kw()))
     for shape in ((2, 2, 2), (8, 1, 1), (1, 4, 2)):
         layout = Layout(sharding.make_mesh(shape), CFG, tx)
         state, got = run(layout.train_step(**_loss_kw()), layout.put_state, layout.put_batch)
@@ -247,7 +247,7 @@ def test_the_planned_image_batch_is_the_batch_the_trainer_collates():
     from sweet_jax.parallel import sharding
     from sweet_jax.training import aot, splits
     from sweet_jax.training.partitioning import Layout
-    from sweet_jax.training.trainer import Batcher
+    from sweet_jax.training.batcher import Batcher
 
     _, rows = image_batch()
     items = list(zip(rows[:4], rows[4:]))

@@ -153,11 +153,17 @@ def _bad_command_line(msg: str) -> typing.NoReturn:
     sys.exit(2)
 
 
-def require_config(config, example: str):
-    """The parsed `--config`, or the command-line error that names an example."""
+def require_config(config, example: str, schema=None, name: str = "config"):
+    """The parsed `--config`, or the command-line error that names an example. With `schema` (a `schema.Section`
+    class, or a function of (config, source) that picks one), the config validated against it: a
+    `schema.SchemaError` names the file, line, field and rule."""
     if config is None:
         _bad_command_line(f"--config is required, e.g. --config {example}")
-    return config
+    if schema is None:
+        return config
+    from ml_collections import config_flags
+
+    return getattr(schema, "load", schema)(config, source=config_flags.get_config_filename(FLAGS[name]))
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -237,7 +243,11 @@ def run(main: Callable[..., int], settings=None, *, subcommands: Mapping[str, tu
     - `main(settings)` with a settings dataclass: its flags (positional fields get the leftover arguments);
     - `subcommands={name: (settings class, function)}`: the first argument names the subcommand, whose own flags
       are defined; `function(settings)` returns a JSON-able result, printed on stdout.
-    An exception of the `errors` types prints `error: <message>` and exits 2."""
+    An exception of the `errors` types (and a config that breaks its schema) prints `error: <message>` and exits 2."""
+    from sweet_jax.cli.schema import SchemaError
+
+    errors = (*errors, SchemaError)
+
     def call(fn, *args) -> int:
         if logs:
             setup_logging()

@@ -20,6 +20,7 @@ import io
 import time
 import uuid
 
+from sweet_jax.chat.message_parts import PartError, content_parts
 from sweet_jax.cli.app import flag
 from sweet_jax.colbench import prompts
 from sweet_jax.colbench import synthetic_frontend as design
@@ -60,16 +61,15 @@ def reply_to(messages: list) -> str:
     if not isinstance(content, list):
         raise RequestError(f"messages.{i}.content: expected the frontend simulator's list of text and image parts")
     images, no_page = [], False
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "image_url":
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            images.append(_image(url if isinstance(url, str) else "", f"messages.{i}.content.{j}.image_url"))
-        elif kind == "text":
-            no_page = no_page or part.get("text") == prompts.FRONTEND_NO_IMAGE
+    try:
+        parts = content_parts(content, f"messages.{i}.content")
+    except PartError as e:
+        raise RequestError(str(e)) from None
+    for part in parts:
+        if part.kind == "image_url":
+            images.append(_image(part.value if isinstance(part.value, str) else "", f"{part.field}.image_url"))
         else:
-            raise RequestError(f"messages.{i}.content.{j}.type: expected 'text' or 'image_url', got {kind!r}")
+            no_page = no_page or part.value == prompts.FRONTEND_NO_IMAGE
     want = 1 if no_page else 2
     if len(images) != want:
         raise RequestError(f"messages.{i}.content: expected {want} image(s) "

@@ -42,33 +42,55 @@ class TooLarge(Exception):
 # ------------------------------------------------------------------------------------------------ codec
 def encode(value):
     """A JSON-able tagged tree of `value`, built with the base types' own methods (overrides are never called)."""
-    budget = [MAX_NODES, MAX_CHARS]
+    return _Encoder().enc(value, 0)
 
-    def enc(x, depth):
-        budget[0] -= 1
-        if budget[0] < 0 or depth > MAX_DEPTH:
+
+_NO = object()  # a part of the encoder that does not handle the value
+
+
+class _Encoder:
+    """`encode` within a budget of nodes and characters (`TooLarge` past it, or past MAX_DEPTH)."""
+
+    def __init__(self):
+        self.nodes, self.chars = MAX_NODES, MAX_CHARS
+
+    def spend(self, nodes: int = 0, chars: int = 0) -> None:
+        self.nodes -= nodes
+        self.chars -= chars
+        if self.nodes < 0 or self.chars < 0:
             raise TooLarge()
-        t = type(x)
-        if x is None or t is bool:
+
+    def enc(self, x, depth: int):
+        self.spend(nodes=1)
+        if depth > MAX_DEPTH:
+            raise TooLarge()
+        if x is None or type(x) is bool:
             return x
         np = sys.modules.get("numpy")
-        if np is not None:
-            if isinstance(x, np.ndarray):
-                arr = np.asarray(x)
-                if arr.dtype.kind in "biufc":
-                    budget[0] -= arr.size
-                    if budget[0] < 0:
-                        raise TooLarge()
-                    flat = [enc(v, depth + 1) for v in arr.ravel().tolist()]
-                    return ["ndarray", arr.dtype.str, list(arr.shape), flat]
-                if arr.dtype.kind in "OUS":
-                    return ["ndarray", "O" if arr.dtype.kind == "O" else arr.dtype.str, list(arr.shape),
-                            [enc(v, depth + 1) for v in arr.ravel().tolist()]]
-                return ["opaque", f"numpy.ndarray[{arr.dtype.str}]"]
-            if isinstance(x, np.generic):
-                if x.dtype.kind in "biufc":
-                    return ["npscalar", x.dtype.str, enc(x.item(), depth + 1)]
-                return ["opaque", f"numpy.{t.__name__}"]
+        if np is not None and isinstance(x, (np.ndarray, np.generic)):
+            return self._numpy(np, x, depth)
+        for part in (self._number_or_text, self._container, self._stdlib):
+            out = part(x, depth)
+            if out is not _NO:
+                return out
+        return ["opaque", f"{type(x).__module__}.{type(x).__qualname__}"]
+
+    def _numpy(self, np, x, depth: int):
+        if isinstance(x, np.ndarray):
+            arr = np.asarray(x)
+            if arr.dtype.kind in "biufc":
+                self.spend(nodes=arr.size)
+                flat = [self.enc(v, depth + 1) for v in arr.ravel().tolist()]
+                return ["ndarray", arr.dtype.str, list(arr.shape), flat]
+            if arr.dtype.kind in "OUS":
+                return ["ndarray", "O" if arr.dtype.kind == "O" else arr.dtype.str, list(arr.shape),
+                        [self.enc(v, depth + 1) for v in arr.ravel().tolist()]]
+            return ["opaque", f"numpy.ndarray[{arr.dtype.str}]"]
+        if x.dtype.kind in "biufc":
+            return ["npscalar", x.dtype.str, self.enc(x.item(), depth + 1)]
+        return ["opaque", f"numpy.{type(x).__name__}"]
+
+    def _number_or_text(self, x, depth: int):
         if isinstance(x, int):
             return ["int", int.__repr__(int.__add__(x, 0))]
         if isinstance(x, float):
@@ -78,28 +100,30 @@ def encode(value):
             return ["complex", float.__repr__(c.real), float.__repr__(c.imag)]
         if isinstance(x, str):
             s = str.__getitem__(x, slice(None))
-            budget[1] -= len(s)
-            if budget[1] < 0:
-                raise TooLarge()
+            self.spend(chars=len(s))
             return ["str", s]
         if isinstance(x, (bytes, bytearray)):
             b = bytes(bytes.__getitem__(x, slice(None))) if isinstance(x, bytes) else bytes(bytearray.copy(x))
-            budget[1] -= 2 * len(b)
-            if budget[1] < 0:
-                raise TooLarge()
+            self.spend(chars=2 * len(b))
             return ["bytes" if isinstance(x, bytes) else "bytearray", b.hex()]
+        return _NO
+
+    def _container(self, x, depth: int):
         if isinstance(x, list):
-            return ["list", [enc(v, depth + 1) for v in list.__iter__(x)]]
+            return ["list", [self.enc(v, depth + 1) for v in list.__iter__(x)]]
         if isinstance(x, tuple):
-            return ["tuple", [enc(v, depth + 1) for v in tuple.__iter__(x)]]
+            return ["tuple", [self.enc(v, depth + 1) for v in tuple.__iter__(x)]]
         if isinstance(x, dict):
-            return ["dict", [[enc(k, depth + 1), enc(v, depth + 1)] for k, v in dict.items(x)]]
+            return ["dict", [[self.enc(k, depth + 1), self.enc(v, depth + 1)] for k, v in dict.items(x)]]
         if isinstance(x, frozenset):
-            return ["frozenset", [enc(v, depth + 1) for v in frozenset.__iter__(x)]]
+            return ["frozenset", [self.enc(v, depth + 1) for v in frozenset.__iter__(x)]]
         if isinstance(x, set):
-            return ["set", [enc(v, depth + 1) for v in set.__iter__(x)]]
+            return ["set", [self.enc(v, depth + 1) for v in set.__iter__(x)]]
         if isinstance(x, range):
             return ["range", range.start.__get__(x), range.stop.__get__(x), range.step.__get__(x)]
+        return _NO
+
+    def _stdlib(self, x, depth: int):
         # datetime before date: datetime subclasses date.
         if isinstance(x, datetime.datetime) and x.tzinfo is None:
             return ["datetime", datetime.datetime.isoformat(x)]
@@ -118,9 +142,7 @@ def encode(value):
             # Only a class importable by name is the same object on both sides; an exec-defined class never is.
             if isinstance(mod, str) and isinstance(name, str) and _resolve_type(mod, name) is x:
                 return ["type", mod, name]
-        return ["opaque", f"{type(x).__module__}.{type(x).__qualname__}"]
-
-    return enc(value, 0)
+        return _NO
 
 
 def _resolve_type(module: str, qualname: str):

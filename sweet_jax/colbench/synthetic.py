@@ -51,16 +51,23 @@ def make_task(rng: random.Random, num_constants: int = len(CONSTANTS)) -> dict:
     op = rng.choice(sorted(OPS))
     name = rng.choice(NAMES)
     c = rng.choice(CONSTANTS[:num_constants])
+    return _task(name, op, c, f"I need a small helper that {OPS[op][0]} for my records, but only I know the details. "
+                              f"The signature of the function is: def {name}(x)", "sweet_jax.colbench.synthetic",
+                 num_constants)
+
+
+def _task(name: str, op: str, c: int, description: str, source: str, num_constants: int, **extra) -> dict:
+    """A task record in ColBench's layout whose hidden code is `def name(x): return x op c`."""
     code = f"def {name}(x):\n    return x {op} {c}"
     return {
-        "problem_description": f"I need a small helper that {OPS[op][0]} for my records, but only I know the "
-                               f"details. The signature of the function is: def {name}(x)",
+        "problem_description": description,
         "ground_truth": code,
         "hidden_information": code,
         "test_cases": {f"test{i + 1}": f"{name}({x})" for i, x in enumerate(TEST_INPUTS)},
         "synthetic": True,
-        "source": "sweet_jax.colbench.synthetic",
+        "source": source,
         "constants": list(CONSTANTS[:num_constants]),
+        **extra,
     }
 
 
@@ -153,18 +160,9 @@ def make_ask_task(rng: random.Random, num_constants: int = 4, task_id: str = "")
     tasks: rollouts are grouped into preference pairs by the whole task record."""
     op = rng.choice(sorted(ASK_OPS))
     c = rng.choice(CONSTANTS[:num_constants])
-    code = f"def {ASK_FUNCTION}(x):\n    return x {op} {c}"
-    return {
-        "problem_description": f"Write a function that {ASK_OPS[op]} a secret number only I know. The signature of "
-                               f"the function is: def {ASK_FUNCTION}(x)",
-        "ground_truth": code,
-        "hidden_information": code,
-        "test_cases": {f"test{i + 1}": f"{ASK_FUNCTION}({x})" for i, x in enumerate(TEST_INPUTS)},
-        "synthetic": True,
-        "source": "sweet_jax.colbench.synthetic:ask",
-        "constants": list(CONSTANTS[:num_constants]),
-        "task_id": task_id,
-    }
+    return _task(ASK_FUNCTION, op, c, f"Write a function that {ASK_OPS[op]} a secret number only I know. The signature "
+                                      f"of the function is: def {ASK_FUNCTION}(x)", "sweet_jax.colbench.synthetic:ask",
+                 num_constants, task_id=task_id)
 
 
 def ask_constant(task: dict) -> int:

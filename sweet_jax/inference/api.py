@@ -137,9 +137,6 @@ class _Detokenizer:
 def create_app(engine) -> FastAPI:
     app = FastAPI(title="sweet_jax", docs_url=None, redoc_url=None)
 
-    def detokenizer(stop) -> _Detokenizer:
-        return _Detokenizer(engine.tokenizer, engine.stop_tokens, _stops(stop))
-
     @app.on_event("startup")
     async def _start():
         await engine.start()
@@ -159,109 +156,125 @@ def create_app(engine) -> FastAPI:
         return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
                                             "owned_by": "sweet_jax", "max_model_len": engine.max_model_len}]}
 
-    def _request(body, max_tokens: int) -> tuple[SamplingParams, int, int]:
-        seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "little")
-        return (SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
-                               max_tokens=max_tokens), body.n, seed)
-
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
-        if engine.chat_error:
-            return _error(400, engine.chat_error)
-        try:
-            messages, pil_images = split_images(body.messages)
-            if pil_images and engine.image_settings is None:
-                return _error(400, f"messages: {engine.model_name} is a text model: it takes no images")
-            prompt = engine.chat.render_text(messages, add_generation_prompt=True)
-        except ImageError as e:
-            return _error(400, str(e))
-        except ValueError as e:
-            return _error(400, f"messages: {e}")
-        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-        images = None
-        if pil_images:
-            try:
-                ids, images = prompt_images(ids, engine.cfg, pil_images, engine.image_settings)
-            except ValueError as e:
-                return _error(400, f"messages: {e}")
-        max_tokens = body.max_completion_tokens or body.max_tokens or min(1024, engine.max_model_len - len(ids))
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        try:
-            if body.stream:
-                deltas = engine.stream(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
-                                       images=images)
-                return StreamingResponse(_chat_stream(rid, created, engine.model_name, deltas, body.n,
-                                                      [detokenizer(body.stop) for _ in range(body.n)],
-                                                      body.logprobs), media_type="text/event-stream")
-            samples = await engine.generate(ids, *_request(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
-                                            images=images)
-        except ValueError as e:
-            return _error(400, str(e))
-        completion = sum(len(s.tokens) for s in samples)
-        choices = []
-        for i, s in enumerate(samples):
-            piece = detokenizer(body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
-            choices.append({"index": i, "message": {"role": "assistant", "content": piece.text},
-                            "finish_reason": piece.finish_reason,
-                            "logprobs": {"content": [_token_logprob(t, lp) for t, lp, _ in piece.tokens]}
-                            if body.logprobs else None})
-        return {"id": rid, "object": "chat.completion", "created": created, "model": engine.model_name,
-                "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
-                                              "total_tokens": len(ids) + completion}}
+        return await chat_completion(engine, body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody):
-        if body.stream:
-            return _error(400, "stream: streaming is supported by /v1/chat/completions only")
-        if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-            if len(body.prompt) != 1:
-                return _error(400, "prompt: one prompt per request")
-            body.prompt = body.prompt[0]
-        ids = (list(body.prompt) if isinstance(body.prompt, list)
-               else engine.tokenizer.encode(body.prompt, add_special_tokens=False))
-        if not ids:
-            return _error(400, "prompt: empty")
-        if any(not 0 <= t < engine.cfg.vocab_size for t in ids):
-            return _error(400, f"prompt: token ids must lie in [0, {engine.cfg.vocab_size})")
-        if body.max_tokens == 0 and not body.echo:
-            return _error(400, "max_tokens: 0 is only meaningful with echo (prompt scoring)")
-        try:
-            scored = (body.echo and body.logprobs is not None) or body.prompt_logprobs is not None
-            prompt_lps = engine.prompt_logprobs(ids) if scored else None
-            samples = (await engine.generate(ids, *_request(body, body.max_tokens), ignore_eos=body.ignore_eos)
-                       if body.max_tokens > 0
-                       else [Sample([], [], "length")] * body.n)
-        except ValueError as e:
-            return _error(400, str(e))
-        prompt_text = engine.tokenizer.decode(ids)
-        prompt_pieces = [engine.tokenizer.decode([t]) for t in ids]
-        choices = []
-        for i, s in enumerate(samples):
-            piece = detokenizer(body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
-            choice = {"index": i, "text": (prompt_text + piece.text) if body.echo else piece.text,
-                      "finish_reason": piece.finish_reason, "logprobs": None}
-            if body.logprobs is not None:
-                pieces = [t for t, _, _ in piece.tokens]
-                lps = [lp for _, lp, _ in piece.tokens]
-                offsets = [o for _, _, o in piece.tokens]
-                if body.echo:
-                    starts = [sum(len(p) for p in prompt_pieces[:k]) for k in range(len(prompt_pieces))]
-                    pieces, lps = prompt_pieces + pieces, prompt_lps + lps
-                    offsets = starts + [len(prompt_text) + o for o in offsets]
-                choice["logprobs"] = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None,
-                                      "text_offset": offsets}
-            if body.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = [None] + [
-                    {str(t): {"logprob": lp, "rank": None, "decoded_token": piece}}
-                    for t, lp, piece in zip(ids[1:], prompt_lps[1:], prompt_pieces[1:])]
-            choices.append(choice)
-        completion = sum(len(s.tokens) for s in samples)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": engine.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
-                          "total_tokens": len(ids) + completion}}
+        return await text_completion(engine, body)
 
     return app
+
+
+def _detokenizer(engine, stop) -> _Detokenizer:
+    return _Detokenizer(engine.tokenizer, engine.stop_tokens, _stops(stop))
+
+
+def _sampling(body, max_tokens: int) -> tuple[SamplingParams, int, int]:
+    """(sampling parameters, n, seed) of a request; no seed: a random one."""
+    seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "little")
+    return (SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
+                           max_tokens=max_tokens), body.n, seed)
+
+
+async def chat_completion(engine, body: ChatBody):
+    """/v1/chat/completions: the rendered conversation (and its images) decoded, streamed or whole."""
+    if engine.chat_error:
+        return _error(400, engine.chat_error)
+    try:
+        messages, pil_images = split_images(body.messages)
+        if pil_images and engine.image_settings is None:
+            return _error(400, f"messages: {engine.model_name} is a text model: it takes no images")
+        prompt = engine.chat.render_text(messages, add_generation_prompt=True)
+    except ImageError as e:
+        return _error(400, str(e))
+    except ValueError as e:
+        return _error(400, f"messages: {e}")
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    images = None
+    if pil_images:
+        try:
+            ids, images = prompt_images(ids, engine.cfg, pil_images, engine.image_settings)
+        except ValueError as e:
+            return _error(400, f"messages: {e}")
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(1024, engine.max_model_len - len(ids))
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    try:
+        if body.stream:
+            deltas = engine.stream(ids, *_sampling(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
+                                   images=images)
+            return StreamingResponse(_chat_stream(rid, created, engine.model_name, deltas, body.n,
+                                                  [_detokenizer(engine, body.stop) for _ in range(body.n)],
+                                                  body.logprobs), media_type="text/event-stream")
+        samples = await engine.generate(ids, *_sampling(body, max(1, max_tokens)), ignore_eos=body.ignore_eos,
+                                        images=images)
+    except ValueError as e:
+        return _error(400, str(e))
+    completion = sum(len(s.tokens) for s in samples)
+    choices = []
+    for i, s in enumerate(samples):
+        piece = _detokenizer(engine, body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
+        choices.append({"index": i, "message": {"role": "assistant", "content": piece.text},
+                        "finish_reason": piece.finish_reason,
+                        "logprobs": {"content": [_token_logprob(t, lp) for t, lp, _ in piece.tokens]}
+                        if body.logprobs else None})
+    return {"id": rid, "object": "chat.completion", "created": created, "model": engine.model_name,
+            "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                                          "total_tokens": len(ids) + completion}}
+
+
+async def text_completion(engine, body: CompletionBody):
+    """/v1/completions: a prompt (text or token ids) decoded, and with echo or prompt_logprobs scored."""
+    if body.stream:
+        return _error(400, "stream: streaming is supported by /v1/chat/completions only")
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+        if len(body.prompt) != 1:
+            return _error(400, "prompt: one prompt per request")
+        body.prompt = body.prompt[0]
+    ids = (list(body.prompt) if isinstance(body.prompt, list)
+           else engine.tokenizer.encode(body.prompt, add_special_tokens=False))
+    if not ids:
+        return _error(400, "prompt: empty")
+    if any(not 0 <= t < engine.cfg.vocab_size for t in ids):
+        return _error(400, f"prompt: token ids must lie in [0, {engine.cfg.vocab_size})")
+    if body.max_tokens == 0 and not body.echo:
+        return _error(400, "max_tokens: 0 is only meaningful with echo (prompt scoring)")
+    try:
+        scored = (body.echo and body.logprobs is not None) or body.prompt_logprobs is not None
+        prompt_lps = engine.prompt_logprobs(ids) if scored else None
+        samples = (await engine.generate(ids, *_sampling(body, body.max_tokens), ignore_eos=body.ignore_eos)
+                   if body.max_tokens > 0
+                   else [Sample([], [], "length")] * body.n)
+    except ValueError as e:
+        return _error(400, str(e))
+    prompt_text = engine.tokenizer.decode(ids)
+    prompt_pieces = [engine.tokenizer.decode([t]) for t in ids]
+    choices = []
+    for i, s in enumerate(samples):
+        piece = _detokenizer(engine, body.stop).feed(s.tokens, s.logprobs, s.finish_reason)
+        choice = {"index": i, "text": (prompt_text + piece.text) if body.echo else piece.text,
+                  "finish_reason": piece.finish_reason, "logprobs": None}
+        if body.logprobs is not None:
+            pieces = [t for t, _, _ in piece.tokens]
+            lps = [lp for _, lp, _ in piece.tokens]
+            offsets = [o for _, _, o in piece.tokens]
+            if body.echo:
+                starts = [sum(len(p) for p in prompt_pieces[:k]) for k in range(len(prompt_pieces))]
+                pieces, lps = prompt_pieces + pieces, prompt_lps + lps
+                offsets = starts + [len(prompt_text) + o for o in offsets]
+            choice["logprobs"] = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None,
+                                  "text_offset": offsets}
+        if body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": lp, "rank": None, "decoded_token": piece}}
+                for t, lp, piece in zip(ids[1:], prompt_lps[1:], prompt_pieces[1:])]
+        choices.append(choice)
+    completion = sum(len(s.tokens) for s in samples)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": engine.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                      "total_tokens": len(ids) + completion}}
 
 
 def _token_logprob(piece: str, lp: float) -> dict:

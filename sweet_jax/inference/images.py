@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from sweet_jax.chat.message_parts import PartError, content_parts
 from sweet_jax.models import qwen2_vl
 from sweet_jax.models.qwen2_vl_images import ImageError, ImageSettings, open_image, preprocess
 
@@ -38,17 +39,16 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
         content = m.get("content")
         if isinstance(content, list):
             parts = []
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                where = f"messages.{i}.content.{j}"
-                if kind == "text":
-                    parts.append({"type": "text", "text": part.get("text", "")})
-                elif kind == "image_url":
-                    url = part.get("image_url")
-                    images.append(open_image(url.get("url") if isinstance(url, dict) else url, where))
-                    parts.append({"type": "image"})
+            try:
+                read = content_parts(content, f"messages.{i}.content")
+            except PartError as e:
+                raise ImageError(str(e)) from None
+            for part in read:
+                if part.kind == "text":
+                    parts.append({"type": "text", "text": part.value})
                 else:
-                    raise ImageError(f"{where}: unsupported part type {kind!r} (expected 'text' or 'image_url')")
+                    images.append(open_image(part.value, part.field))
+                    parts.append({"type": "image"})
             content = parts if any(p["type"] == "image" for p in parts) else "".join(p["text"] for p in parts)
         out.append({"role": m.get("role"), "content": content})
     return out, images

@@ -13,7 +13,7 @@ registry (`models.families`) says which config parser, parameter spec, weight la
 """
 
 from sweet_jax.models.attention import attention, attention_mask
-from sweet_jax.models.config import (PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, RopeScaling,
+from sweet_jax.models.model_configs import (PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, RopeScaling,
                                      VisionConfig)
 from sweet_jax.models.families import FAMILIES, ModelFamily, family, family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import CheckpointError, load_hf_params, save_hf_params

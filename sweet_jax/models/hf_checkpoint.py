@@ -20,7 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from sweet_jax.files.atomic import write_text
-from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.model_configs import LlamaConfig
 from sweet_jax.models.families import family_of, load_config
 from sweet_jax.models.llama import Params
 from sweet_jax.models.safetensors_format import CheckpointError, LazyTensor, SafetensorsFile, write_safetensors
@@ -106,20 +106,7 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
     that has the adapter's `lora` settings, beside them (the training form, under "lora").
     """
     if adapter is not None or (cfg is not None and cfg.lora is not None):
-        from sweet_jax.models import lora
-
-        cfg = cfg if cfg is not None else load_config(os.fspath(hf_dir))
-        base_cfg = cfg.replace(lora=None)
-        if adapter is None:
-            raise CheckpointError(f"{hf_dir}: the model config has lora settings, so give the adapter directory "
-                                  f"(adapter=...; fresh adapters: models.lora.init_adapters)")
-        adapters, settings = lora.load_peft_adapter(adapter, base_cfg)
-        base = load_hf_params(hf_dir, base_cfg, dtype, shardings and lora.base_of(shardings))
-        if cfg.lora is None:
-            return lora.merge(base, adapters, settings)
-        if settings != cfg.lora:
-            raise lora.AdapterError(f"{adapter}: its settings {settings} are not the model config's lora {cfg.lora}")
-        return {**base, "lora": jax.device_put(adapters, shardings["lora"]) if shardings else adapters}
+        return _load_adapted(hf_dir, cfg, dtype, shardings, adapter)
     hf_dir = os.fspath(hf_dir)
     if cfg is None:
         cfg = load_config(hf_dir)
@@ -178,6 +165,24 @@ def load_hf_params(hf_dir: str | os.PathLike, cfg: LlamaConfig | None = None, dt
                  "the model has a score head" if cfg.score_head else "tie_word_embeddings is set")
     return _unflat(out)
 
+
+
+def _load_adapted(hf_dir, cfg, dtype, shardings, adapter) -> Params:
+    """`load_hf_params` with a PEFT adapter: merged into the base's weights, or beside them (a config with lora)."""
+    from sweet_jax.models import lora
+
+    cfg = cfg if cfg is not None else load_config(os.fspath(hf_dir))
+    base_cfg = cfg.replace(lora=None)
+    if adapter is None:
+        raise CheckpointError(f"{hf_dir}: the model config has lora settings, so give the adapter directory "
+                              f"(adapter=...; fresh adapters: models.lora.init_adapters)")
+    adapters, settings = lora.load_peft_adapter(adapter, base_cfg)
+    base = load_hf_params(hf_dir, base_cfg, dtype, shardings and lora.base_of(shardings))
+    if cfg.lora is None:
+        return lora.merge(base, adapters, settings)
+    if settings != cfg.lora:
+        raise lora.AdapterError(f"{adapter}: its settings {settings} are not the model config's lora {cfg.lora}")
+    return {**base, "lora": jax.device_put(adapters, shardings["lora"]) if shardings else adapters}
 
 # --------------------------------------------------------------------------------------------- saving
 def _hf_tensors(params: Params, cfg: LlamaConfig, dtype) -> dict[str, LazyTensor]:

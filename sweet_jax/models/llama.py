@@ -34,7 +34,7 @@ from jax.ad_checkpoint import checkpoint_name
 from sweet_jax.models import lora_layers, qwen2_vl
 from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
 from sweet_jax.models.paged_attention import paged_decode_attention
-from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.model_configs import LlamaConfig
 from sweet_jax.models.rope import apply_rope, rope_tables
 from sweet_jax.parallel.sharding import constrain
 

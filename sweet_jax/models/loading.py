@@ -12,13 +12,12 @@ from typing import NamedTuple
 
 from sweet_jax import chat
 from sweet_jax.models import kernel_choice, llama, lora
-from sweet_jax.models.config import ConfigError, LoraSettings
+from sweet_jax.models.model_configs import ConfigError, LoraSettings
 from sweet_jax.models.families import family_of, load_config, preset
 from sweet_jax.models.hf_checkpoint import load_hf_params
+from sweet_jax.models.settings import AdapterSettings, ModelSettings
 
 log = logging.getLogger("sweet_jax.models")
-# The training objectives whose model has a scalar score head instead of the LM head (`training.steps`).
-SCORE_HEAD_OBJECTIVES = ("reward", "value")
 
 
 class ModelLoadError(RuntimeError):
@@ -26,12 +25,12 @@ class ModelLoadError(RuntimeError):
 
 
 def lora_settings(section) -> LoraSettings | None:
-    """A job's `lora` settings (rank, alpha, dropout, comma-separated targets) as `LoraSettings`; None when absent
-    or rank 0 (no adapters)."""
-    if section is None or not int(section.get("rank", 0)):
+    """A job's `lora` settings (`settings.AdapterSettings`, or a mapping of them) as `LoraSettings`; None when
+    absent or rank 0 (no adapters)."""
+    section = AdapterSettings.of(section)
+    if not section.rank:
         return None
-    return LoraSettings(rank=int(section.rank), alpha=float(section.alpha), dropout=float(section.dropout),
-                        targets=section.targets)
+    return LoraSettings(rank=section.rank, alpha=section.alpha, dropout=section.dropout, targets=section.targets)
 
 
 def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None = None, lora=None):
@@ -39,11 +38,11 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
     (`model.hf_path`) or a preset (`model.preset`, `model.preset_overrides`), with the execution settings (dtypes,
     remat policy, attention implementation, and the job's `lora` section's adapters). `score_head` puts a scalar
     score head in place of the LM head, whose pad token is looked up in the job's tokenizer (`tokenizer`, else the
-    model's, else the bundled one)."""
+    model's, else the bundled one). `model_cfg` is a `settings.ModelSettings` or a mapping of some of them."""
+    model_cfg = ModelSettings.of(model_cfg)
     overrides = dict(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                     matmul_precision=model_cfg.get("matmul_precision", "auto"), score_head=score_head,
-                     lora=lora_settings(lora))
+                     matmul_precision=model_cfg.matmul_precision, score_head=score_head, lora=lora_settings(lora))
     if model_cfg.hf_path:
         if not os.path.isdir(model_cfg.hf_path):
             raise ConfigError(
@@ -58,7 +57,7 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
     if cfg.score_head and cfg.pad_token_id is None and token is not None:
         # exported for HF / vLLM, a batched sequence classifier pools at the last token that is not the pad token,
         # so the pad must be a token that never occurs in text
-        hf_path = model_cfg.get("hf_path")
+        hf_path = model_cfg.hf_path
         try:
             pad = chat.special_token_id(chat.tokenizer_dir(
                 tokenizer, hf_path if hf_path and chat.has_tokenizer(hf_path) else None, chat_format=chat_format), token)
@@ -104,23 +103,23 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
     Adapters are merged into the weights they adapt (`models.lora`), so the model runs at its base's speed: a LoRA
     training run's (its base, from the run's model settings, plus its checkpoint's adapters), or `adapter`, a PEFT
     LoRA adapter directory on top of an HF checkpoint at `path`."""
-    import ml_collections
     import orbax.checkpoint as ocp
 
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
         if adapter:
             raise ModelLoadError(f"{path} is a training run; an adapter ({adapter}) goes on an HF checkpoint")
-        with open(os.path.join(path, "config.json")) as fh:
-            run = ml_collections.ConfigDict(json.load(fh))
-        score_head = run.get("objective", "") in SCORE_HEAD_OBJECTIVES
-        cfg = model_config(run.model, score_head=score_head, tokenizer=run.get("tokenizer_path"),
-                           lora=run.get("lora")).replace(compute_dtype=dtype)
-        if inference_layout:
-            cfg = cfg.replace(param_dtype=dtype)
+        run_file = os.path.join(path, "config.json")
+        with open(run_file) as fh:
+            run = json.load(fh)
+        section = ModelSettings.load(run["model"], source=run_file)
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
         step = manager.latest_step()
         if step is None:
             raise ModelLoadError(f"{path}/checkpoints holds no finished checkpoint")
+        cfg = model_config(section, score_head=_has_score_head(os.path.join(path, "checkpoints"), step),
+                           tokenizer=run.get("tokenizer_path"), lora=run.get("lora")).replace(compute_dtype=dtype)
+        if inference_layout:
+            cfg = cfg.replace(param_dtype=dtype)
         place = shardings(cfg) if shardings else None
         abstract = llama.abstract_params(cfg, place)
         if cfg.lora is not None:  # the checkpoint holds the adapters; the base comes from where training took it
@@ -128,11 +127,11 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
         params = manager.restore(step, args=ocp.args.PyTreeRestore(item={"params": abstract},
                                                                    partial_restore=True))["params"]
         if cfg.lora is not None:
-            base = initial_params(run.model, cfg.replace(lora=None), lora.base_of(place) if place else None)
+            base = initial_params(section, cfg.replace(lora=None), lora.base_of(place) if place else None)
             params = lora.merge(base, params["lora"], cfg.lora)
             cfg = cfg.replace(lora=None)
         log.info("loaded %s step %d", path, step)
-        tokenizer = run.get("tokenizer_path") or run.model.get("hf_path") or None
+        tokenizer = run.get("tokenizer_path") or section.hf_path or None
     elif os.path.exists(os.path.join(path, "config.json")):
         cfg = load_config(path, compute_dtype=dtype)
         if inference_layout:
@@ -146,13 +145,22 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
     return LoadedModel(cfg, llama.unstack_layers(params) if inference_layout else params, tokenizer)
 
 
+def _has_score_head(checkpoints: str, step: int) -> bool:
+    """Whether a training run's checkpoint holds a scalar score head (`score`) in place of the LM head."""
+    import orbax.checkpoint as ocp
+
+    manager = ocp.CheckpointManager(checkpoints, item_handlers=ocp.StandardCheckpointHandler())
+    return "score" in manager.item_metadata(step)["params"]
+
+
 def initial_params(model_section, cfg, shardings=None) -> dict:
-    """The params a job of `model_section` (see `training.defaults`) starts from, each array built directly in its
+    """The params a job of `model_section` (`settings.ModelSettings`) starts from, each array built directly in its
     sharding: `hf_path`'s checkpoint, else the random init of `init_seed` and `init_std`; with `cfg.lora`, fresh
     adapters beside the base (B = 0: the model starts as its base)."""
     import jax
 
-    if not model_section.get("hf_path"):
+    model_section = ModelSettings.of(model_section)
+    if not model_section.hf_path:
         init = jax.jit(llama.init_params, static_argnums=(0, 2), out_shardings=shardings)
         return init(cfg, jax.random.key(model_section.init_seed), model_section.init_std)
     if cfg.lora is None:

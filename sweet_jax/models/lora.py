@@ -9,7 +9,7 @@ an adapter as it shards its base weight:
     wo: a [L, N, H, r] ("layers", "q_heads", "head_dim", "lora_rank")    b [L, r, D] ("layers", "lora_rank", "embed")
 
 Targets are named as PEFT names them (the HF module names): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-down_proj. A model config with `lora` settings (`models.config.LoraSettings`) has the adapters in its params, under
+down_proj. A model config with `lora` settings (`models.model_configs.LoraSettings`) has the adapters in its params, under
 "lora": the forward adds each projection's (x A) B term (`lora_layers`) and training updates them alone, the base
 fixed. `merge` gives plain adapted parameters instead, for inference and export. PEFT's adapter
 directory is `adapter_config.json` + `adapter_model.safetensors` with `lora_A.weight` [r, in] and `lora_B.weight`
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.models.config import ConfigError, LlamaConfig, LoraSettings
+from sweet_jax.models.model_configs import ConfigError, LlamaConfig, LoraSettings
 from sweet_jax.models.lora_layers import (DTYPE, TARGETS, adapter_axes_of, adapter_shapes_of, base_of,  # noqa: F401
                                           init_adapters_of)
 

@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sweet_jax.models.config import LORA_TARGETS, LoraSettings
+from sweet_jax.models.model_configs import LORA_TARGETS, LoraSettings
 
 Params = dict
 DTYPE = jnp.float32  # adapters are trained, so they keep f32 master weights over any base dtype

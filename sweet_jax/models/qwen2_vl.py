@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sweet_jax.models.attention import attention
-from sweet_jax.models.config import VisionConfig
+from sweet_jax.models.model_configs import VisionConfig
 from sweet_jax.models.layers import layer_norm, quick_gelu
 from sweet_jax.models.rope import apply_rope
 

@@ -9,13 +9,13 @@ import json
 
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_directory
-from sweet_jax.models.config import ConfigError
+from sweet_jax.models.model_configs import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class RandomInitSettings:
     output: str = flag(help="the HF checkpoint directory to write", required=True)
-    preset: str = flag("tiny", help="the architecture preset (models.config.PRESETS)")
+    preset: str = flag("tiny", help="the architecture preset (models.model_configs.PRESETS)")
     seed: int = flag(0, help="init seed")
     std: float = flag(0.02, help="init standard deviation of the weights")
     overrides: str = flag("{}", help='config fields as a JSON object, e.g. {"hidden_size": 64, "num_layers": 2}')

@@ -8,7 +8,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from sweet_jax.models.config import LlamaConfig
+from sweet_jax.models.model_configs import LlamaConfig
 
 
 def inverse_frequencies(cfg: LlamaConfig) -> np.ndarray:

@@ -408,10 +408,10 @@ def write_report(run_dir: str, out: str | None = None, against: str | None = Non
 
 def _fine_tuning(run_dir: str) -> str:
     """How a run fine-tunes: "LoRA rank R on TARGETS" or "full fine-tuning" (its config's `lora`)."""
-    lora = _run_config(run_dir).get("lora") or {}
-    if not int(lora.get("rank", 0)):
+    lora = _run_config(run_dir).lora
+    if not lora.rank:
         return "full fine-tuning"
-    return f"LoRA rank {lora['rank']}, alpha {lora['alpha']:g} on {lora['targets']}"
+    return f"LoRA rank {lora.rank}, alpha {lora.alpha:g} on {lora.targets}"
 
 
 def comparison_section(run_dir: str, other: str) -> list[str]:
@@ -511,17 +511,20 @@ def _finish_report(out: str, markers: dict, lines: list[str], plots: list[str]) 
     return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
 
 
-def _run_config(run_dir: str) -> dict:
-    """A pipeline run's config.json, or {} for a run without one."""
+def _run_config(run_dir: str):
+    """A pipeline run's config (its config.json, `pipeline_config.PipelineConfig`); the defaults for a run without
+    one."""
+    from sweet_jax.sweet.pipeline_config import PipelineConfig, load_pipeline_config
+
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
-        return {}
+        return PipelineConfig()
     with open(path) as fh:
-        return json.load(fh)
+        return load_pipeline_config(json.load(fh), source=path)
 
 
 def _task_type(run_dir: str) -> str:
-    return _run_config(run_dir).get("task_type", "backend")
+    return _run_config(run_dir).task_type
 
 
 def _is_frontend(run_dir: str) -> bool:
@@ -691,7 +694,8 @@ def sweep_cells(main_runs: list[str], sweep_dir: str) -> dict[str, dict[float, l
             cells[dial].setdefault(float(value), []).append(d)
     for dial, (block, key) in SWEEP_DIALS.items():
         for d in main_runs:
-            value = _run_config(d).get(block, {}).get(key)
+            section = getattr(_run_config(d), block, None)  # a dial of another track's config: none
+            value = getattr(section, key) if section is not None else None
             if value is not None:
                 cells[dial].setdefault(float(value), []).append(d)
     return cells

@@ -22,7 +22,7 @@ def collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rol
     c = run.cfg.collect
     if not tasks:
         raise StageError(f"stage '{stage}': no tasks; set data.train_tasks (and test_tasks), or tasks.kind = 'ask'")
-    frontend = {"render_workers": c.get("render_workers", 2), "clip": c.get("clip", "")} if run.frontend else {}
+    frontend = {"render_workers": c.render_workers, "clip": c.clip} if run.frontend else {}
     with (run.served(stage, agent_model, "agent") as agent,
           run.served(stage + "_simulator", run.simulator, "simulator") as sim):
         config = "collect_frontend.py" if run.frontend else "collect_backend.py"
@@ -48,17 +48,14 @@ def rewards(path: str, frontend: bool = False) -> dict:
 
 def random_init(run: Run, stage: str, init) -> str:
     """A random-init model written by `python -m sweet_jax.random_init` to RUN/<stage>/hf, from an `init` section
-    (preset, seed, std, overrides, head_from_embed, tokenizer)."""
-    import ml_collections
-
+    (`pipeline_config.InitSettings` or `VisionInitSettings`)."""
     from sweet_jax.models.random_weights import RandomInitSettings
 
-    overrides = init.overrides.to_dict() if isinstance(init.overrides, ml_collections.ConfigDict) else dict(
-        init.overrides)
     out = run.path(stage, "hf")
     run.job(stage, "random_init", RandomInitSettings(
-        output=out, preset=init.get("preset", "tiny"), seed=init.seed, std=init.std, overrides=json.dumps(overrides),
-        head_from_embed=bool(init.get("head_from_embed", False)), tokenizer=init.get("tokenizer", "")))
+        output=out, preset=init.preset, seed=init.seed, std=init.std,
+        overrides=json.dumps(init.overrides, sort_keys=True), head_from_embed=init.head_from_embed,
+        tokenizer=init.tokenizer))
     return out
 
 
@@ -77,8 +74,8 @@ def lora_overrides(run: Run, overrides) -> list[str]:
     """The run's `lora` settings as a training job's overrides: with rank > 0 every fine-tuning stage trains
     adapters on the initial policy, except the score-head critics (objective reward or value), whose new head is
     trained in full."""
-    lora = run.cfg.get("lora")
-    if not lora or not int(lora.rank) or any(o in ("objective=reward", "objective=value") for o in overrides):
+    lora = run.cfg.lora
+    if not lora.rank or any(o in ("objective=reward", "objective=value") for o in overrides):
         return []
     return [f"lora.rank={lora.rank}", f"lora.alpha={lora.alpha}", f"lora.dropout={lora.dropout}",
             f"lora.targets={lora.targets}"]
@@ -88,7 +85,7 @@ def train(run: Run, stage: str, config: str, data: str, overrides, init: str | N
           adapters: bool = True) -> dict:
     """A training stage: `config` with `overrides` on `data`, from `init` (default: the initial policy), with the
     run's LoRA settings unless not `adapters` (pre-training makes the base)."""
-    if run.cfg.serve.get("release_for_training", False) and int(run.cfg.get("jobs", 1)) == 1:
+    if run.cfg.serve.release_for_training and run.cfg.jobs == 1:
         run.close()  # the kept servers hand the accelerators to the trainer
     out = run.path(stage)
     run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
@@ -108,7 +105,7 @@ def ablation(stage: str):
     frontend runs the critic without the information trains on the pairs without the prefix."""
     def run_stage(run: Run) -> dict:
         return train(run, stage, run.cfg.critic.config, run.critic_data(with_info=stage != "critic_no_info"),
-                      (*run.cfg.critic.overrides, *run.cfg[stage].overrides))
+                      (*run.cfg.critic.overrides, *getattr(run.cfg, stage).overrides))
     return run_stage
 
 
@@ -174,7 +171,7 @@ def stage_policy(run: Run) -> dict:
 def evaluate_policy(run: Run, stage: str, model: str) -> dict:
     """An evaluation on the test tasks: `test.rollouts` conversations on each of the first `test.limit` (0: all)."""
     return collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
-                    run.cfg.test.rollouts, limit=run.cfg.test.get("limit", 0))
+                    run.cfg.test.rollouts, limit=run.cfg.test.limit)
 
 
 def stage_rft(run: Run) -> dict:
@@ -188,8 +185,7 @@ def stage_mtdpo(run: Run) -> dict:
 def stage_report(run: Run) -> dict:
     from sweet_jax.sweet.reporting import write_report
 
-    lora = run.cfg.get("lora")
-    return {"report": write_report(run.dir, against=(lora.get("compare_with") or None) if lora else None)}
+    return {"report": write_report(run.dir, against=run.cfg.lora.compare_with or None)}
 
 
 def text_best_of_n(run: Run, simulator_url: str | None = None, left_out: tuple[str, ...] = ()) -> dict:

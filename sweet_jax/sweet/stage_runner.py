@@ -79,8 +79,10 @@ class Run:
     """One pipeline run: its config, directory and the helpers the stages share."""
 
     def __init__(self, cfg, python: str = sys.executable):
-        self.cfg, self.python = cfg, python
-        self.dir = os.path.abspath(cfg.run_dir)
+        from sweet_jax.sweet.pipeline_config import load_pipeline_config
+
+        self.cfg, self.python = load_pipeline_config(cfg), python  # `pipeline_config.PipelineConfig`
+        self.dir = os.path.abspath(self.cfg.run_dir)
         self._servers: dict[tuple, object] = {}  # kept servers (`ManagedServer`), by model path and settings
         self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
@@ -91,7 +93,7 @@ class Run:
         # RUN/jax_cache: the stages that compile the same programs (the critic ablations, the servers and samplers of
         # one architecture) compile them once. A JAX_COMPILATION_CACHE_DIR already set wins.
         self.env = dict(os.environ)
-        if cfg.get("compile_cache", True):
+        if self.cfg.compile_cache:
             self.env.setdefault("JAX_COMPILATION_CACHE_DIR", self.path("jax_cache"))
             self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
@@ -104,18 +106,14 @@ class Run:
         pre-trained model, else the random init."""
         if self.cfg.policy_init:
             return self.cfg.policy_init
-        if self.cfg.get("base") and self.cfg.base.config:
-            return os.path.join(os.path.abspath(self.cfg.base.run_dir), "pretrain", "hf")
+        if self.cfg.shared_base:
+            return self.cfg.shared_base
         return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
 
     @property
     def frontend(self) -> bool:
         """Whether the run is on frontend (design) tasks: `task_type = "frontend"`."""
-        task_type = self.cfg.get("task_type", "backend")
-        if task_type not in ("backend", "frontend", "testbed", "testbed_base"):
-            raise StageError(f"task_type must be 'backend', 'frontend', 'testbed' or 'testbed_base', got "
-                             f"{task_type!r}")
-        return task_type == "frontend"
+        return self.cfg.task_type == "frontend"
 
     @property
     def generated_tasks(self) -> bool:
@@ -157,7 +155,7 @@ class Run:
         os.makedirs(self.path("logs"), exist_ok=True)
         cmd = [self.python, *command_line(module, settings, **kw)]
         logfile = self.path("logs", f"{stage}.log")
-        reruns = self.cfg.serve.get("reruns_after_restart", 2)
+        reruns = self.cfg.serve.reruns_after_restart
         while True:
             restarts = self._restarts()
             with open(logfile, "a") as fh:
@@ -189,16 +187,13 @@ class Run:
         (`inference.roles.<role>`, else `inference.backend`), endpoints and server flags."""
         from sweet_jax.inference.backends import BackendSettings
 
-        inf = self.cfg.get("inference") or {}
-        roles, endpoints = dict(inf.get("roles", {})), dict(inf.get("endpoints", {}))
-        role_args = dict(inf.get("role_args", {})).get(role, "")  # e.g. the vision simulator's image limit
-        serve = self.cfg.serve
+        inf, serve = self.cfg.inference, self.cfg.serve
+        role_args = getattr(inf.role_args, role)  # e.g. the vision simulator's image limit
         return BackendSettings(
-            backend=roles.get(role) or inf.get("backend", "sweet_jax"), endpoints=endpoints.get(role, ""),
-            max_model_len=serve.max_model_len, max_batch=serve.get("max_batch", 16), mesh=inf.get("mesh", ""),
-            tensor_parallel_size=inf.get("tensor_parallel_size", 1), dtype=inf.get("dtype", "auto"),
-            memory_fraction=inf.get("memory_fraction", 0.0), vllm_python=inf.get("vllm_python", ""),
-            extra_args=" ".join(a for a in (inf.get("extra_args", ""), role_args) if a),
+            backend=getattr(inf.roles, role) or inf.backend, endpoints=getattr(inf.endpoints, role),
+            max_model_len=serve.max_model_len, max_batch=serve.max_batch, mesh=inf.mesh,
+            tensor_parallel_size=inf.tensor_parallel_size, dtype=inf.dtype, memory_fraction=inf.memory_fraction,
+            vllm_python=inf.vllm_python, extra_args=" ".join(a for a in (inf.extra_args, role_args) if a),
             start_timeout_s=serve.start_timeout_s)
 
     @contextlib.contextmanager
@@ -222,7 +217,7 @@ class Run:
             found = lora_export(model)  # a LoRA run's export: its base, with the adapter loaded into the server
             if found:
                 name, (model, adapter) = self.served_name(model, role), found
-        if not self.cfg.serve.get("keep", False):
+        if not self.cfg.serve.keep:
             server = self._start_server(stage, model, settings, lora_rank)
             try:
                 if adapter:
@@ -245,10 +240,9 @@ class Run:
     def _lora(self, settings, role: str) -> int:
         """The adapter rank a vLLM server of `role` takes at run time: the run's `lora.rank` for the roles that
         sample, 0 otherwise (no LoRA run, another backend, or a role that scores prompts)."""
-        lora = self.cfg.get("lora")
-        if settings.backend != "vllm" or role in PROMPT_SCORING_ROLES or not lora or not int(lora.rank):
+        if settings.backend != "vllm" or role in PROMPT_SCORING_ROLES:
             return 0
-        return int(lora.rank)
+        return self.cfg.lora.rank
 
     def served_name(self, model: str, role: str = "agent") -> str:
         """The model name a client of `served(stage, model, role)` asks for: the directory's name, or for a LoRA
@@ -331,7 +325,7 @@ def run_pipeline(cfg, stages: Sequence[Stage], *, only: str | None = None, start
             raise StageError(f"unknown stage {name!r}; the stages are {', '.join(names)}")
     run = Run(cfg, python)
     os.makedirs(run.dir, exist_ok=True)
-    write_json(run.path("config.json"), json.loads(cfg.to_json()))
+    write_json(run.path("config.json"), json.loads(run.cfg.to_config_dict().to_json()))
     if chosen:
         selected = [stage for stage in stages if stage.name in chosen]
     else:
@@ -360,7 +354,7 @@ def _run_stages(run: Run, selected: list[Stage], records: dict, force: bool) -> 
             log.info("stage %-7s done earlier (%s); skipped", stage.name, marker)
         else:
             pending.append(stage)
-    jobs = max(1, int(run.cfg.get("jobs", 1)))
+    jobs = run.cfg.jobs
     waiting_on = {s.name for s in pending}
     if jobs > 1:  # longest chain of dependent stages first (list scheduling), so no long chain is left for the end
         depth: dict[str, int] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from sweet_jax.sweet import backend_stages, frontend_stages, testbed_stages
+from sweet_jax.sweet.pipeline_config import load_pipeline_config
 from sweet_jax.sweet.shared_stages import ABLATIONS
 from sweet_jax.sweet.stage_runner import Run, Stage, StageError
 from sweet_jax.sweet.stage_runner import run_pipeline as run_stages
@@ -25,14 +26,13 @@ __all__ = ["ABLATIONS", "NAMES", "TRACKS", "Run", "Stage", "StageError", "run_pi
 
 
 def track_stages(cfg) -> tuple[Stage, ...]:
-    """The stages of the run's track (`task_type`, "backend" when unset)."""
-    task_type = cfg.get("task_type", "backend")
-    if task_type not in TRACKS:
-        raise StageError(f"task_type must be one of {', '.join(map(repr, TRACKS))}, got {task_type!r}")
-    return TRACKS[task_type]
+    """The stages of the run's track (`task_type`)."""
+    return TRACKS[load_pipeline_config(cfg).task_type]
 
 
 def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, until: str | None = None,
                  force: bool = False, python: str = sys.executable) -> dict:
-    """Run the selected stages of the run's track (see `stage_runner.run_pipeline`); returns {stage: marker}."""
+    """Run the selected stages of the run's track (see `stage_runner.run_pipeline`); returns {stage: marker}. `cfg`
+    is a `pipeline_config.PipelineConfig`, or a config file's ConfigDict (validated first)."""
+    cfg = load_pipeline_config(cfg)
     return run_stages(cfg, track_stages(cfg), only=only, start=start, until=until, force=force, python=python)

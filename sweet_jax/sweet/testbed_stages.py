@@ -58,19 +58,15 @@ ACTOR_ABLATIONS = {"no_info": ("critic_no_info", False, True), "sum": ("critic",
 
 
 def settings(run: Run):
-    from sweet_jax.colbench.testbed_domain import TestbedSettings
-
-    try:
-        return TestbedSettings.from_config(run.cfg.testbed)
-    except (TypeError, ValueError) as e:
-        raise StageError(f"the config's `testbed` block: {e}") from None
+    """The run's testbed domain (`colbench.testbed_domain.TestbedSettings`), checked when the config loaded."""
+    return run.cfg.testbed.domain_settings()
 
 
 def measure_job(run: Run, stage: str, command: str, out: str, *args: str) -> dict:
     """`python -m sweet_jax.testbed gate|judges` on the run's domain; returns its figures."""
     import json
 
-    block = {k: (dict(v) if k == "collector" else v) for k, v in dict(run.cfg.testbed).items()}
+    block = run.cfg.testbed.to_dict()
     run.job(stage, "testbed", subcommand=command, config=os.path.join(ROOT, "configs", "testbed_tiny.py"),
             extra_flags=(f"--settings={json.dumps(block)}", f"--seed={run.cfg.tasks.seed}", *args, f"--out={out}"))
     with open(out) as fh:
@@ -80,13 +76,10 @@ def measure_job(run: Run, stage: str, command: str, out: str, *args: str) -> dic
 def stage_tasks(run: Run) -> dict:
     from sweet_jax.colbench.testbed_diagnostics import write_testbed_tasks
 
-    t = run.cfg.tasks
-    if t.kind != "testbed":
-        raise StageError(f"stage 'tasks': a testbed run generates its tasks (tasks.kind = 'testbed'), got {t.kind!r}")
+    t = run.cfg.tasks  # the schema checks tasks.kind is the testbed's
     files = write_testbed_tasks(run.path("tasks"), settings(run), num_tasks=t.num_train, num_test_tasks=t.num_test,
-                                pretrain_episodes=t.pretrain_episodes, seed=t.seed,
-                                informed=bool(t.get("informed", False)),
-                                pretrain_budgets=tuple(t.get("pretrain_budgets", ())))
+                                pretrain_episodes=t.pretrain_episodes, seed=t.seed, informed=t.informed,
+                                pretrain_budgets=t.pretrain_budgets)
     return {"source": "SYNTHETIC testbed domain (not ColBench)", **files}
 
 
@@ -102,7 +95,7 @@ def stage_base(run: Run) -> dict:
     with open(base_dir + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         run.job("base", "pipeline", config=os.path.join(ROOT, b.config),
-                overrides=[f"run_dir={base_dir}", *b.get("overrides", ())])
+                overrides=[f"run_dir={base_dir}", *b.overrides])
     with open(os.path.join(base_dir, "stages", "gate.json")) as fh:
         gate = json.load(fh)["summary"]
     return {"base": run.policy_init, "gate": gate.get(f"q{run.cfg.testbed.budget}", gate)}
@@ -118,7 +111,7 @@ def stage_gate(run: Run) -> dict:
 
     s, t = settings(run), run.cfg.tasks
     out = {}
-    for budget in tuple(t.get("pretrain_budgets", ())) or (s.budget,):
+    for budget in t.pretrain_budgets or (s.budget,):
         tasks = run.path("gate", f"tasks_q{budget}.jsonl")
         if not os.path.exists(tasks):
             write_jsonl(tasks, make_tasks(replace(s, budget=budget), run.cfg.gate.tasks, f"gate-{t.seed}-q{budget}",
@@ -141,14 +134,12 @@ def stage_data(run: Run) -> dict:
 
     s = settings(run)
     d = run.cfg.data
-    collector = d.get("collector", "scripted")
+    collector = d.collector
     if collector == "policy":
         collected = run.path("data", "collected_trajectories.jsonl")
         collect(run, "data", run.train_tasks, collected, run.policy_init, d.rollouts, limit=0)
         summary = write_noisy_data(run.trajectories, read_jsonl(collected), s.outcome_noise, seed=run.cfg.tasks.seed)
         return {"source": "SYNTHETIC testbed domain (not ColBench): the initial policy", **summary}
-    if collector != "scripted":
-        raise StageError(f"stage 'data': data.collector must be 'policy' or 'scripted', got {collector!r}")
     tasks = read_jsonl(run.train_tasks, ("problem_description", "ground_truth", "testbed"))
     summary = write_collector_data(run.trajectories, s, tasks, rollouts=d.rollouts, seed=run.cfg.tasks.seed)
     return {"source": "SYNTHETIC testbed domain (not ColBench): the collecting policy", **summary}
@@ -231,7 +222,7 @@ def stage_diagnostics(run: Run) -> dict:
 
 def dropped(run: Run) -> tuple[str, ...]:
     """The stages the setting leaves out (`drop`)."""
-    return tuple(run.cfg.get("drop", ()))
+    return run.cfg.drop
 
 
 def kept(name: str, enabled=lambda run: True):
@@ -244,7 +235,7 @@ def _keep(stage: Stage) -> Stage:
 
 
 def _has_base(run: Run) -> bool:
-    return bool(run.cfg.get("base") and run.cfg.base.config)
+    return bool(run.cfg.base.config)
 
 
 TESTS = ("test", "test_zero_shot", "test_rft", "test_mtdpo", *(f"test_{suffix}" for suffix in ACTOR_ABLATIONS))
@@ -264,7 +255,7 @@ STAGES = with_report(tuple(_keep(stage) for stage in (
     *(stage for suffix in ACTOR_ABLATIONS for stage in _actor_ablation(suffix)),
     *BASELINES,
     Stage("judges", ("critic/hf",), ("eval/judges.json",), stage_judges, after=("critic", "critic_no_info"),
-          enabled=lambda run: bool(run.cfg.get("judges", True))),
+          enabled=lambda run: run.cfg.judges),
     Stage("diagnostics", (), ("eval/policy_diagnostics.json",), stage_diagnostics, after=("best_of_n", *TESTS)),
 )))
 # the shared base's own run: pre-training, then the gate

@@ -123,7 +123,7 @@ class VisionJudge:
 
     def _batch_rewards(self, params, batch):
         from sweet_jax import models, objectives
-        from sweet_jax.training.steps import batch_images, model_positions
+        from sweet_jax.training.batch_scores import batch_images, model_positions
 
         values = models.token_values(params, self.cfg, batch["tokens"], model_positions(batch), batch["segment_ids"],
                                      images=batch_images(batch))

@@ -30,7 +30,10 @@ from sweet_jax import models
 from sweet_jax.data.buckets import bucket_length
 from sweet_jax.data.packing import pair_buckets
 from sweet_jax.parallel import sharding
-from sweet_jax.training import steps as obj
+from sweet_jax.training import batch_scores
+from sweet_jax.training import steps as train_steps
+from sweet_jax.training.objective_registry import REGISTRY
+from sweet_jax.training.objective_registry import objective as registered
 from sweet_jax.training.optim import make_optimizer
 from sweet_jax.training.partitioning import Layout
 
@@ -89,10 +92,10 @@ def abstract_batch(layout: Layout, rows: int, seq_len: int, objective: str, turn
     gather = (rows, 2, seq_len) if turn_len else row
     batch = {k: sds(gather if k.startswith("gather_") else row, bool if k in ("gather_score", "gather_nll")
                     else jnp.int32)
-             for k in obj.MODEL_INPUTS + (obj.PACKED_INPUTS if turn_len else ())}
-    if objective in obj.WITH_REFERENCE:
+             for k in batch_scores.MODEL_INPUTS + (batch_scores.PACKED_INPUTS if turn_len else ())}
+    if registered(objective).reference:
         batch["ref"] = sds((rows, 2) if turn_len else (rows,), jnp.float32)
-    if objective == "value":
+    if registered(objective).labelled:
         batch["label"] = sds((rows,), jnp.float32)
     if patches:
         vc = layout.model_cfg.vision
@@ -108,8 +111,8 @@ def planned_patches(cfg, model_cfg) -> int:
     if getattr(model_cfg, "vision", None) is None or cfg.data.kind != "image_pairs":
         return 0
     vc = model_cfg.vision
-    per_image = int(cfg.data.get("image_max_pixels") or 28 * 28 * 1280) // vc.patch_size ** 2
-    n = max(1, int(cfg.data.get("plan_images", 2))) * per_image
+    per_image = int(cfg.data.image_max_pixels or 28 * 28 * 1280) // vc.patch_size ** 2
+    n = max(1, int(cfg.data.plan_images)) * per_image
     return max(vc.spatial_merge_size ** 2, 1 << (n - 1).bit_length())
 
 
@@ -122,16 +125,17 @@ def micro_batch_for(cfg, multiple: int) -> int:
 
 def rows_of(cfg, micro: int, turn_len: int) -> int:
     """Rows of a micro-batch of `micro` items: two per plain pair, one per packed pair or example."""
-    return 2 * micro if cfg.objective in obj.PAIRED and not turn_len else micro
+    return 2 * micro if registered(cfg.objective).paired and not turn_len else micro
 
 
 def check_turn_len(cfg, seq_len: int, turn_len: int) -> None:
     """A packed plan needs a job that packs its pairs and a turn shorter than the sequence."""
     if not turn_len:
         return
-    if cfg.objective not in obj.WITH_REFERENCE:
+    if registered(cfg.objective).packing != "pairs":
+        pairs = tuple(name for name, o in REGISTRY.items() if o.packing == "pairs")
         raise ValueError(f"turn_len={turn_len}: objective {cfg.objective!r} trains on plain rows (prefix-shared "
-                         f"pairs are for {obj.WITH_REFERENCE})")
+                         f"pairs are for {pairs})")
     if not cfg.data.pack_pairs:
         raise ValueError(f"turn_len={turn_len}: data.pack_pairs is off, so the job trains on plain pairs")
     if not 0 < turn_len < seq_len:
@@ -153,12 +157,12 @@ def lower_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: in
     TPU would run, from this host."""
     accumulation = max(1, int(cfg.optim.batch_size) // micro)
     tx = make_optimizer(cfg.optim, 1000, accumulation)
-    layout = Layout(mesh, model_cfg, tx, obj.frozen_names(cfg.optim.freeze, model_cfg), sharding.parse_rules(rules))
+    layout = Layout(mesh, model_cfg, tx, train_steps.frozen_names(cfg.optim.freeze, model_cfg), sharding.parse_rules(rules))
     batch = abstract_batch(layout, rows_of(cfg, micro, turn_len), seq_len, cfg.objective, turn_len,
                            cfg.data.min_bucket, planned_patches(cfg, model_cfg))
     step = layout.train_step(objective=cfg.objective, model_cfg=model_cfg, loss_cfg=cfg.loss,
                              chunk=cfg.train.logprob_chunk,
-                             reference_in_step=obj.in_step_reference(cfg.objective, cfg.loss, model_cfg),
+                             reference_in_step=train_steps.in_step_reference(cfg.objective, cfg.loss, model_cfg),
                              dropout_seed=int(cfg.train.seed))
     traced = step.trace(layout.abstract_state(), batch)
     return (traced.lower(lowering_platforms=platforms) if platforms else traced.lower()), layout
@@ -172,8 +176,8 @@ def plan_step(cfg, model_cfg: models.ModelConfig, mesh, seq_len: int, micro: int
     mem = compiled.memory_analysis()
     state = layout.abstract_state()
     rows, row_len = rows_of(cfg, micro, turn_len), row_length(seq_len, turn_len, cfg.data.min_bucket)
-    copy = (cfg.objective in obj.WITH_REFERENCE and cfg.loss.reference == "recompute"
-            and not obj.in_step_reference(cfg.objective, cfg.loss, model_cfg))  # with adapters: no copy
+    copy = (registered(cfg.objective).reference and cfg.loss.reference == "recompute"
+            and not train_steps.in_step_reference(cfg.objective, cfg.loss, model_cfg))  # with adapters: no copy
     frozen = sharding.per_device_bytes(state["params"]) if copy else 0.0
     return Plan(
         remat_policy=model_cfg.remat_policy, rules=rules, micro_batch_size=micro, sequences=rows, seq_len=seq_len,

@@ -1,7 +1,7 @@
 """Image pairs for a vision-language regression-head critic (data kind "image_pairs"): each side of a pair is a chat
 whose messages hold images, rendered with the model's chat template, its images preprocessed for the vision tower
 (`models.qwen2_vl_images`) and each image's `<|image_pad|>` expanded to its feature tokens. The reward objective
-then scores every token of each side (`steps.loss_fn`).
+then scores every token of each side (`steps.loss_fn`, the reward objective).
 
 One JSON object per line of the file:
 
@@ -18,12 +18,12 @@ row by row, with the rows' M-RoPE positions.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
+from sweet_jax.chat.message_parts import PartError, content_parts
 from sweet_jax.data.examples import Example, ExampleBuilder
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.jsonl import parse_object
 from sweet_jax.models import qwen2_vl
 from sweet_jax.models.qwen2_vl_images import ImageError, ImageSettings, open_image, preprocess
 
@@ -52,21 +52,19 @@ def chat_example(messages, where: str, field: str, base_dir: str, builder: Examp
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
             parts = []
-            for j, part in enumerate(content):
-                part_field = f"{where}: field '{field}.{i}.content.{j}"
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "text":
-                    parts.append({"type": "text", "text": str(part.get("text", ""))})
-                elif kind == "image_url":
-                    url = part.get("image_url")
-                    try:
-                        images.append(open_image(url.get("url") if isinstance(url, dict) else url, part_field + "'",
-                                                 base_dir))
-                    except ImageError as e:
-                        raise DataError(str(e)) from None
-                    parts.append({"type": "image"})
-                else:
-                    raise DataError(f"{part_field}.type': expected 'text' or 'image_url', got {kind!r}")
+            try:
+                read = content_parts(content, f"{field}.{i}.content")
+            except PartError as e:
+                raise DataError(f"{where}: field '{e.field}': {e.rule}") from None
+            for part in read:
+                if part.kind == "text":
+                    parts.append({"type": "text", "text": part.value})
+                    continue
+                try:
+                    images.append(open_image(part.value, f"{where}: field '{part.field}'", base_dir))
+                except ImageError as e:
+                    raise DataError(str(e)) from None
+                parts.append({"type": "image"})
             content = parts
         rendered.append({"role": m.get("role") if isinstance(m, dict) else None, "content": content})
     try:
@@ -110,12 +108,7 @@ def read_image_pairs(path: str, builder: ExampleBuilder, cfg, settings: ImageSet
                 continue
             where = f"{path}:{n}"
             try:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: invalid JSON: {e.msg}") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{where}: expected a JSON object")
+                record = parse_object(line, where)
                 pair = tuple(_side(record, side, where, base_dir, builder, cfg, settings)
                              for side in ("chosen", "rejected"))
             except DataError as e:

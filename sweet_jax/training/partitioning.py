@@ -3,7 +3,7 @@
 The layout comes from the logical axis names alone (`models.param_logical_axes` through `sharding`'s rules
 table): params by their names, the Adam moments (and gradient-accumulation buffers) like the params they belong to,
 scalars replicated, and every batch array split over its leading "batch" dimension. The step functions are the
-single-device ones of `training.objective`, traced with the mesh active (so the model's activation constraints apply)
+single-device ones of `training.steps`, traced with the mesh active (so the model's activation constraints apply)
 and compiled with explicit input and output shardings; the state is donated.
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -26,7 +26,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sweet_jax import models
 from sweet_jax.parallel import sharding
-from sweet_jax.training import steps as obj
+from sweet_jax.training import batch_scores
+from sweet_jax.training import steps as train_steps
 
 
 def param_shardings(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES):
@@ -55,8 +56,8 @@ class Layout:
     def state(self) -> dict:
         """Shardings for {params, opt_state, step}; the optimiser state covers the trainable params only."""
         params = self.params
-        trainable = obj.split_params(params, self.freeze)[0]
-        abstract = jax.eval_shape(self.tx.init, obj.split_params(models.abstract_params(self.model_cfg),
+        trainable = train_steps.split_params(params, self.freeze)[0]
+        abstract = jax.eval_shape(self.tx.init, train_steps.split_params(models.abstract_params(self.model_cfg),
                                                                  self.freeze)[0])
         opt = optax.tree_map_params(self.tx, lambda _, s: s, abstract, trainable,
                                     transform_non_params=lambda _: self.replicated)
@@ -65,7 +66,7 @@ class Layout:
     def abstract_state(self) -> dict:
         """ShapeDtypeStructs with shardings: for AOT lowering and Orbax restores, no allocation."""
         params = models.abstract_params(self.model_cfg)
-        opt = jax.eval_shape(self.tx.init, obj.split_params(params, self.freeze)[0])
+        opt = jax.eval_shape(self.tx.init, train_steps.split_params(params, self.freeze)[0])
         shapes = {"params": params, "opt_state": opt, "step": jax.ShapeDtypeStruct((), jnp.int32)}
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, self.state)
 
@@ -109,15 +110,15 @@ class Layout:
         return inner
 
     def train_step(self, **loss_kw):
-        """`objective.make_train_step`, compiled for this mesh: state and batch in as placed, state out in its layout
+        """`steps.make_train_step`, compiled for this mesh: state and batch in as placed, state out in its layout
         (donated), metrics replicated."""
-        step = obj.make_train_step(self.tx, self.freeze, jit=False, **loss_kw)
+        step = train_steps.make_train_step(self.tx, self.freeze, jit=False, **loss_kw)
         return jax.jit(self._traced(step), out_shardings=(self.state, self.replicated), donate_argnums=(0,))
 
     def eval_step(self, **loss_kw):
-        fn = lambda params, batch: obj.loss_fn(params, batch, reduce=False, **loss_kw)[1]  # noqa: E731
+        fn = lambda params, batch: train_steps.loss_fn(params, batch, reduce=False, **loss_kw)[1]  # noqa: E731
         return jax.jit(self._traced(fn), out_shardings=self.replicated)
 
     def score_fn(self, reduction: str, chunk: int):
-        fn = lambda params, batch: obj.sequence_scores(params, self.model_cfg, batch, reduction, chunk)[0]  # noqa: E731
+        fn = lambda params, batch: batch_scores.sequence_scores(params, self.model_cfg, batch, reduction, chunk)[0]  # noqa: E731
         return jax.jit(self._traced(fn), out_shardings=self.replicated)

@@ -38,6 +38,13 @@ def parse_mesh(text: str | None, config_mesh: dict, devices: int | None) -> tupl
         raise PlanError(str(e)) from None
 
 
+def plan_document(result: dict, mesh_sizes: dict, hbm_gib: float) -> dict:
+    """The plan as `--json` writes it."""
+    return {"mesh": mesh_sizes, "hbm_gib": hbm_gib, "fits": result["fits"], "suggestion": result["suggestion"],
+            "plan": result["plan"].as_dict(), "alternatives": [a.as_dict() for a in result["alternatives"]],
+            "device_kernels": result.get("device_kernels")}
+
+
 def _gib(x: float) -> str:
     return f"{x / 2 ** 30:8.2f} GiB"
 
@@ -53,9 +60,10 @@ def format_plan(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, 
 def _format_memory(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: float, arch_note: str) -> str:
     p = result["plan"]
     n = p.devices
-    from sweet_jax.training import steps as obj  # after main() has set up the devices
+    from sweet_jax.training.objective_registry import objective  # after main() has set up the devices
 
-    unit = "pairs" if cfg.objective in obj.PAIRED else "examples"
+    spec = objective(cfg.objective)
+    unit = spec.unit
     shards = mesh_sizes['data'] * mesh_sizes['fsdp']
     if p.turn_len:
         padded = p.row_len - p.seq_len - p.turn_len
@@ -75,7 +83,7 @@ def _format_memory(result: dict, cfg, model_cfg, mesh_sizes: dict, hbm_gib: floa
            if model_cfg.attention_impl == "auto" else ""),
         f"{batch_line}; {p.sequences * p.row_len // shards} tokens per batch shard",
     ]
-    if not p.turn_len and cfg.objective in obj.WITH_REFERENCE and cfg.data.pack_pairs:
+    if not p.turn_len and spec.packing == "pairs" and cfg.data.pack_pairs:
         lines.append("  note: pairs that share a history train as one row each (data.pack_pairs), which needs less: "
                      "plan that with --turn-len N (tokens of each pair's own turn)")
     if p.micro_batch_size != int(cfg.optim.micro_batch_size):

@@ -69,26 +69,26 @@ def build(data_cfg, tokenizer, run_dir: str, chat_format=None, model_cfg=None,
     builder = ExampleBuilder(tokenizer, data_cfg.max_len, with_info=data_cfg.with_info, info_key=data_cfg.info_key,
                              mask_style=data_cfg.mask_style, score_span=data_cfg.score_span, chat_format=chat_format)
     if data_cfg.kind == "image_pairs":
-        if not data_cfg.path:
-            raise DataError("data.kind='image_pairs' needs data.path (there is no synthetic image data)")
-        items, tasks = image_pairs.read_image_pairs(data_cfg.path, builder, model_cfg, image_settings,
-                                                     data_cfg.on_error, stats.first_errors)
-        stats.records, stats.skipped_records = len(items) + len(stats.first_errors), len(stats.first_errors)
-        order = list(dict.fromkeys(tasks))
-        held_out = set(order[:math.ceil(data_cfg.eval_fraction * len(order))])
-        return (Split([p for p, t in zip(items, tasks) if t not in held_out], paired=True),
-                Split([p for p, t in zip(items, tasks) if t in held_out], paired=True), stats)
+        return _image_pairs(data_cfg, builder, model_cfg, image_settings, stats)
     if data_cfg.kind == "text_pairs" and not data_cfg.path:
         raise DataError("data.kind='text_pairs' needs data.path (an official pair file)")
     path = resolve_path(data_cfg, run_dir)
+    guarded = _guard(data_cfg.on_error, stats)
+    if data_cfg.kind == "ranked_pairs":
+        return _ranked_pairs(data_cfg, path, builder, guarded, stats)
+    if data_cfg.kind == "text_pairs":
+        return _text_pairs(data_cfg, path, builder, guarded, stats)
+    return _from_trajectories(data_cfg, path, builder, guarded, stats)
 
+
+def _guard(on_error: str, stats: DataStats):
     def guarded(make):
         """make() an example (or a list of them); a DataError propagates, or is counted and skipped with
         on_error='skip'."""
         try:
             ex = make()
         except DataError as e:
-            if data_cfg.on_error != "skip":
+            if on_error != "skip":
                 raise
             stats.skipped_examples += 1
             if len(stats.first_errors) < 5:
@@ -96,41 +96,60 @@ def build(data_cfg, tokenizer, run_dir: str, chat_format=None, model_cfg=None,
             return None
         stats.truncated += sum(e.truncated for e in ex) if isinstance(ex, list) else int(ex.truncated)
         return ex
+    return guarded
 
-    if data_cfg.kind == "ranked_pairs":
-        records, sources = pairs_lib.read_ranked_file(path)
-        stats.records = len(records)
-        n_eval = math.ceil(data_cfg.eval_fraction * len(records))
-        groups = [pairs_lib.ranked_candidate_pairs(records[:n_eval], data_cfg.num_pairs, data_cfg.seed, sources),
-                  pairs_lib.ranked_candidate_pairs(records[n_eval:], data_cfg.num_pairs, data_cfg.seed,
-                                                   sources[n_eval:])]
-        splits = []
-        for group in groups:
-            items = []
-            for p in group:
-                c = guarded(lambda: builder.from_text(p.prompt, p.chosen, p.source))
-                r = guarded(lambda: builder.from_text(p.prompt, p.rejected, p.source))
-                if c is not None and r is not None:
-                    items.append((c, r))
-            splits.append(Split(items, paired=True))
-        return splits[1], splits[0], stats
 
-    if data_cfg.kind == "text_pairs":  # the official pair file: any information prefix is in the inputs already
-        file_pairs = pairs_lib.read_pair_file(path)
-        stats.records = len(file_pairs)
-        n_eval = math.ceil(data_cfg.eval_fraction * len(file_pairs))
+def _image_pairs(data_cfg, builder, model_cfg, image_settings, stats: DataStats):
+    if not data_cfg.path:
+        raise DataError("data.kind='image_pairs' needs data.path (there is no synthetic image data)")
+    items, tasks = image_pairs.read_image_pairs(data_cfg.path, builder, model_cfg, image_settings,
+                                                 data_cfg.on_error, stats.first_errors)
+    stats.records, stats.skipped_records = len(items) + len(stats.first_errors), len(stats.first_errors)
+    order = list(dict.fromkeys(tasks))
+    held_out = set(order[:math.ceil(data_cfg.eval_fraction * len(order))])
+    return (Split([p for p, t in zip(items, tasks) if t not in held_out], paired=True),
+            Split([p for p, t in zip(items, tasks) if t in held_out], paired=True), stats)
 
-        def side(value, source):
-            prefix, prompt = split_prefix(value[0])
-            return guarded(lambda: builder.from_text(prompt, value[1], source, info_prefix=prefix))
 
-        splits = []
-        for group in (file_pairs[n_eval:], file_pairs[:n_eval]):
-            items = [(c, r) for c, r in ((side(p.chosen, p.source), side(p.rejected, p.source)) for p in group)
-                     if c is not None and r is not None]
-            splits.append(Split(items, paired=True))
-        return splits[0], splits[1], stats
+def _ranked_pairs(data_cfg, path: str, builder, guarded, stats: DataStats):
+    records, sources = pairs_lib.read_ranked_file(path)
+    stats.records = len(records)
+    n_eval = math.ceil(data_cfg.eval_fraction * len(records))
+    groups = [pairs_lib.ranked_candidate_pairs(records[:n_eval], data_cfg.num_pairs, data_cfg.seed, sources),
+              pairs_lib.ranked_candidate_pairs(records[n_eval:], data_cfg.num_pairs, data_cfg.seed,
+                                               sources[n_eval:])]
+    splits = []
+    for group in groups:
+        items = []
+        for p in group:
+            c = guarded(lambda: builder.from_text(p.prompt, p.chosen, p.source))
+            r = guarded(lambda: builder.from_text(p.prompt, p.rejected, p.source))
+            if c is not None and r is not None:
+                items.append((c, r))
+        splits.append(Split(items, paired=True))
+    return splits[1], splits[0], stats
 
+
+def _text_pairs(data_cfg, path: str, builder, guarded, stats: DataStats):
+    """The official pair file: any information prefix is in the inputs already."""
+    file_pairs = pairs_lib.read_pair_file(path)
+    stats.records = len(file_pairs)
+    n_eval = math.ceil(data_cfg.eval_fraction * len(file_pairs))
+
+    def side(value, source):
+        prefix, prompt = split_prefix(value[0])
+        return guarded(lambda: builder.from_text(prompt, value[1], source, info_prefix=prefix))
+
+    splits = []
+    for group in (file_pairs[n_eval:], file_pairs[:n_eval]):
+        items = [(c, r) for c, r in ((side(p.chosen, p.source), side(p.rejected, p.source)) for p in group)
+                 if c is not None and r is not None]
+        splits.append(Split(items, paired=True))
+    return splits[0], splits[1], stats
+
+
+def _from_trajectories(data_cfg, path: str, builder, guarded, stats: DataStats):
+    """Preference pairs, labelled turns or the RFT set of a trajectory file, held out by task."""
     read = ReadStats()
     trajectories = list(read_trajectories(path, on_error=data_cfg.on_error, stats=read))
     stats.records, stats.skipped_records, stats.first_errors = read.read, read.skipped, list(read.first_errors)
