@@ -11,7 +11,7 @@
   `openai/clip-vit-base-patch32` directory), the official metric.
 - The text critic (configs/critic_8b.py on the official frontend pairs, |delta cosine| >= 0.1, the reference HTML as
   the information) and the vision-language critic (configs/vlm_critic_7b.py from Qwen2-VL-7B-Instruct,
-  `vision.critic_init`, on the image pairs of `sweet_jax.sweet.vision_critic`), 8 epochs each (Table 5, frontend).
+  `vision.critic_init`, on the image pairs of `sweet_jax.ranking.vision_critic`), 8 epochs each (Table 5, frontend).
 - SWEET steps 3-5 as the backend's: 16 candidates per turn of the first 10% of the trajectories, ranked by each
   critic (the vision critic renders every candidate's page), 4 pairs per state; the actor DPO of configs/policy_8b.py
   on each ranking (1 epoch).

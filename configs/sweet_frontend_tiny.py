@@ -56,7 +56,7 @@ def get_config():
     c.critic.overrides = (*text_pairs, "train.epochs=1", "train.eval_every=20", "optim.freeze=embed,lm_head",
                           "loss.nll_coef=1.0")
     c.policy.overrides = (*c.policy.overrides, "data.max_len=1024")
-    # The vision-language critic (`sweet_jax.sweet.vision_critic`): a random-init tiny Qwen2-VL with the Llama-3
+    # The vision-language critic (`sweet_jax.ranking.vision_critic`): a random-init tiny Qwen2-VL with the Llama-3
     # tokenizer given Qwen2-VL's special tokens (critic_init: an HF directory instead), trained on the image pairs
     c.vision = ml_collections.ConfigDict(dict(
         critic_init="", init=dict(preset="qwen2-vl-tiny", seed=0, std=0.1, overrides={}),

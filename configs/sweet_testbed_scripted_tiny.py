@@ -14,7 +14,7 @@ random one 4.7%. The recorded rewards of the offline data are flipped with proba
 A random-init tiny Llama is pre-trained on the collecting policy's dialogues (configs/pretrain_testbed_tiny.py). It is
 the initial policy, the critics' starting point and the baselines'. The simulated human is the testbed's scripted
 human, served over the OpenAI API by `python -m sweet_jax.describer --domain testbed`. Critic, actor and baseline
-settings are those of configs/sweet_backend_tiny.py. The track's stages: `sweet_jax.sweet.testbed_stages`.
+settings are those of configs/sweet_backend_tiny.py. The track's stages: `sweet_jax.pipelines.testbed_stages`.
 
 Seeds: `:S` after the file's name sets the seed of the tasks, the data, the initial model and the best-of-N
 sampling at once, and the run directory, runs/sweet_testbed_scripted_tiny/seed_S. `python -m sweet_jax.report

@@ -3,7 +3,7 @@
 regression head, trained on image pairs with the pairwise loss, as configs/vlm_critic_7b.py trains Qwen2-VL-7B.
 
 What each side shows the critic (the target screenshot, the dialogue, the screenshot of the page the reply leaves,
-the reply) is `sweet_jax.sweet.vision_critic`'s layout. Images at the fork's 16-64 x 28^2 pixels; the reward is the
+the reply) is `sweet_jax.ranking.vision_critic`'s layout. Images at the fork's 16-64 x 28^2 pixels; the reward is the
 mean of the per-token values over the chat's own tokens (`loss.reward_padding="exclude"`, as the ranking scores it).
 Give --config.model.hf_path (a random init: `python -m sweet_jax.random_init --preset qwen2-vl-tiny`) and
 --config.data.path (an image-pairs file).

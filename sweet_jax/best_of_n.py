@@ -1,5 +1,5 @@
-"""SWEET-RL steps 3 to 5 and the best-of-N evaluation, on the project's own JAX model (`sweet_jax.sweet.candidates`,
-`sweet_jax.sweet.selection`):
+"""SWEET-RL steps 3 to 5 and the best-of-N evaluation, on the project's own JAX model (`sweet_jax.ranking.candidates`,
+`sweet_jax.ranking.selection`):
 
     python -m sweet_jax.best_of_n sample --model POLICY --input TRAJ.jsonl --output SAMPLED.jsonl [--data-fraction 0.1]
     python -m sweet_jax.best_of_n rank --critic CRITIC --input SAMPLED.jsonl --output RANKED.jsonl \\
@@ -18,7 +18,7 @@ bad input. sample, rank, rank_vision and evaluate resume after a kill.
 from sweet_jax.cli.app import run
 from sweet_jax.files.errors import DataError
 from sweet_jax.models.loading import ModelLoadError
-from sweet_jax.sweet import candidates, selection, vision_critic
+from sweet_jax.ranking import candidates, selection, vision_critic
 
 SUBCOMMANDS = {
     "sample": (candidates.SampleSettings, candidates.sample),

@@ -22,7 +22,7 @@ DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def _schemas() -> dict:
     """{the key that marks such a config: its loader}: every typed config kind."""
-    from sweet_jax.sweet.pipeline_config import load_pipeline_config
+    from sweet_jax.runs.pipeline_config import load_pipeline_config
     from sweet_jax.training.job_config import JobConfig
 
     return {"objective": JobConfig, "run_dir": load_pipeline_config}
@@ -30,7 +30,7 @@ def _schemas() -> dict:
 
 def reference() -> str:
     from sweet_jax.cli.schema import reference_markdown
-    from sweet_jax.sweet.pipeline_config import SCHEMAS, PipelineConfig
+    from sweet_jax.runs.pipeline_config import SCHEMAS, PipelineConfig
     from sweet_jax.training.job_config import JobConfig
 
     parts = ["# Settings", "", "Generated from the schemas by `python -m sweet_jax.config docs`; do not edit by hand. "
@@ -38,7 +38,7 @@ def reference() -> str:
              "## Training jobs (`python -m sweet_jax.train`, `python -m sweet_jax.plan`)", "",
              "`sweet_jax.training.job_config.JobConfig`", "", reference_markdown(JobConfig), "",
              "## Pipelines (`python -m sweet_jax.pipeline`)", "",
-             "`sweet_jax.sweet.pipeline_config`: `task_type` picks the track's schema. Every track has the backend's "
+             "`sweet_jax.runs.pipeline_config`: `task_type` picks the track's schema. Every track has the backend's "
              "settings; the frontend and testbed tracks add their own.", ""]
     for track, schema in SCHEMAS.items():
         parent = schema.__mro__[1]

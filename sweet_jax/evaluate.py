@@ -18,7 +18,7 @@ from sweet_jax.cli.app import run
 from sweet_jax.colbench.render import RendererUnavailable
 from sweet_jax.colbench.sandbox import SandboxUnavailable
 from sweet_jax.files.errors import DataError
-from sweet_jax.sweet.evaluation import EvaluateSettings, evaluate
+from sweet_jax.ranking.evaluation import EvaluateSettings, evaluate
 
 
 def main(s: EvaluateSettings) -> int:

@@ -6,9 +6,9 @@
 
 Every stage writes into `run_dir`, is skipped once its marker RUN/stages/NAME.json exists, and runs as a child
 process with its log in RUN/logs/NAME.log, so a kill at any point followed by the same command redoes nothing that
-had finished. The stages and what they do: `sweet_jax.sweet.backend_stages`, `frontend_stages` and
+had finished. The stages and what they do: `sweet_jax.pipelines.backend_stages`, `frontend_stages` and
 `testbed_stages` (the run's `task_type` picks one). The config is checked against its track's schema
-(`sweet_jax.sweet.pipeline_config`) before any stage runs. Prints each stage's summary as JSON; exit 1 when a stage
+(`sweet_jax.runs.pipeline_config`) before any stage runs. Prints each stage's summary as JSON; exit 1 when a stage
 fails (the message names its log), 2 for a bad command line or config.
 """
 
@@ -20,8 +20,8 @@ from ml_collections import config_flags
 
 from sweet_jax.cli.app import require_config, run
 from sweet_jax.files.errors import DataError
-from sweet_jax.sweet.pipeline_config import load_pipeline_config
-from sweet_jax.sweet.stages import NAMES, StageError, run_pipeline
+from sweet_jax.runs.pipeline_config import load_pipeline_config
+from sweet_jax.pipelines.stages import NAMES, StageError, run_pipeline
 
 FLAGS = flags.FLAGS
 

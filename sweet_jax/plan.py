@@ -79,7 +79,7 @@ def main(argv) -> int:
         if cfg.model.hf_path and not os.path.isdir(cfg.model.hf_path):
             arch_note = f" (preset {cfg.model.preset}: {cfg.model.hf_path} is not here)"
             cfg = cfg.replace(model=cfg.model.replace(hf_path=""))
-        model_cfg = job_setup.model_config(cfg.model, cfg.objective, cfg.tokenizer_path, cfg.lora)
+        model_cfg = job_setup.job_model(cfg)
         seq_len = FLAGS.seq_len or int(cfg.data.max_len)
         mesh = sharding.make_mesh(sizes)
         result = aot.plan_job(cfg, model_cfg, mesh, seq_len, FLAGS.hbm_gib, search=FLAGS.search,

@@ -10,7 +10,7 @@ the measured success beside the success the domain's dynamics give exactly (the 
 then the details (standard error, the expectation over the whole task distribution) as JSON. `--out FILE` keeps the
 scored trajectories (JSONL, written atomically).
 
-Two more commands measure models against the ground truth (`sweet.testbed_judges`), on the tasks of `--tasks`
+Two more commands measure models against the ground truth (`ranking.testbed_judges`), on the tasks of `--tasks`
 (JSONL) and writing JSON to `--out`:
 
     python -m sweet_jax.testbed gate --config configs/testbed_tiny.py --model DIR --tasks FILE --out FILE
@@ -42,7 +42,7 @@ def _measure_models(command: str, settings, seed: int) -> int:
     """`gate` or `judges`: the figures as JSON on stdout and, atomically, in --out."""
     from sweet_jax.files.atomic import write_json
     from sweet_jax.files.jsonl import read_jsonl
-    from sweet_jax.sweet import testbed_judges
+    from sweet_jax.ranking import testbed_judges
 
     missing = [f"--{f}" for f in ("model", "tasks", "out") if not getattr(FLAGS, f)]
     if missing:

@@ -21,7 +21,9 @@ LAYERS = (
     ("data", "models"),
     ("colbench", "objectives"),
     ("training", "inference"),
-    ("sweet",),
+    ("ranking", "runs"),
+    ("reporting",),
+    ("pipelines",),
 )
 COMMANDS = ("best_of_n", "collect", "config", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
             "report", "serve", "tasks", "testbed", "train")

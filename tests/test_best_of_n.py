@@ -171,7 +171,7 @@ def test_best_of_n_evaluation_picks_the_judges_best_of_the_first_n_and_resumes(f
             assert result["success"][sel][n] == pytest.approx(sum(x >= 1 for x in rewards) / 8)
             assert result["tests_passed"][sel][n] == pytest.approx(sum(rewards) / 8)
     # each state's scores are the critic's with its own task's information (recomputed here)
-    from sweet_jax.sweet.judges import Judge
+    from sweet_jax.ranking.judges import Judge
 
     judge = Judge(str(files / "other"))
     first = {t: states[(0, t, p)] for (r, t, p) in states if r == 0 and p.count("<|start_header_id|>user") == 1}

@@ -17,10 +17,10 @@ from sweet_jax.cli.app import command_line, define_settings, settings_from_flags
 from sweet_jax.colbench.task_writer import TaskGenerationSettings
 from sweet_jax.inference.server import ServeSettings
 from sweet_jax.models.random_weights import RandomInitSettings
-from sweet_jax.sweet.candidates import PairsSettings, RankSettings, SampleSettings
-from sweet_jax.sweet.evaluation import EvaluateSettings
-from sweet_jax.sweet.reporting import ReportSettings
-from sweet_jax.sweet.selection import SelectionSettings, judge_spec, parse_judges
+from sweet_jax.ranking.candidates import PairsSettings, RankSettings, SampleSettings
+from sweet_jax.ranking.evaluation import EvaluateSettings
+from sweet_jax.reporting.run_report import ReportSettings
+from sweet_jax.ranking.selection import SelectionSettings, judge_spec, parse_judges
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -116,7 +116,7 @@ def test_a_job_that_fails_while_its_server_restarts_runs_again_and_loses_nothing
     import ml_collections
 
     from sweet_jax.inference.backends import ManagedServer
-    from sweet_jax.sweet.stages import Run
+    from sweet_jax.pipelines.stages import Run
 
     tasks_file = colbench_file("backend_test.jsonl")
     tasks = load_tasks(tasks_file, "backend", limit=40)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sweet_jax.sweet.stages import ABLATIONS
+from sweet_jax.pipelines.stages import ABLATIONS
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 

@@ -7,7 +7,7 @@ import pytest
 
 from sweet_jax.colbench import testbed_diagnostics as td
 from sweet_jax.colbench import testbed_domain as tb
-from sweet_jax.sweet.credit_diagnostics import judge_diagnostics, pairwise, rank_correlation, top1_agreement
+from sweet_jax.ranking.credit_diagnostics import judge_diagnostics, pairwise, rank_correlation, top1_agreement
 
 
 def test_measures_on_hand_computed_cases():

@@ -1,4 +1,4 @@
-"""The judges of `sweet_jax.sweet.judges` against full-sequence references: each scores, on the shared-prefix cache,
+"""The judges of `sweet_jax.ranking.judges` against full-sequence references: each scores, on the shared-prefix cache,
 exactly what its model sees when the whole text is tokenised and run at once (for the score heads, the text their
 training examples have)."""
 
@@ -16,7 +16,7 @@ from sweet_jax.colbench import synthetic
 from sweet_jax.colbench.env import BackendEpisode
 from sweet_jax.data.examples import ExampleBuilder
 from sweet_jax.files.errors import DataError
-from sweet_jax.sweet.judges import CANDIDATE_SLOT, LLM_JUDGE_INFO, LLM_JUDGE_PROMPT, Judge
+from sweet_jax.ranking.judges import CANDIDATE_SLOT, LLM_JUDGE_INFO, LLM_JUDGE_PROMPT, Judge
 
 CFG = models.LlamaConfig.preset("tiny", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                                 num_kv_heads=2)
@@ -113,7 +113,7 @@ def test_a_judge_of_the_wrong_kind_for_its_model_is_refused(setup):
 
 
 def test_judge_specs_parse_kinds_and_options():
-    from sweet_jax.sweet.selection import parse_judges
+    from sweet_jax.ranking.selection import parse_judges
 
     got = parse_judges(["a=/m", "b=/h:head:no-info", "c=/v:value", "d=/p:llm", "e=/c:sum:no-header"])
     assert {k: v["kind"] for k, v in got.items()} == {"a": "critic", "b": "head", "c": "value", "d": "llm",

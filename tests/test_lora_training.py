@@ -89,8 +89,8 @@ def test_the_pipeline_passes_its_lora_settings_to_every_fine_tuning_stage_but_th
 
     import ml_collections
 
-    from sweet_jax.sweet.pipeline_config import load_pipeline_config
-    from sweet_jax.sweet.shared_stages import lora_overrides
+    from sweet_jax.runs.pipeline_config import load_pipeline_config
+    from sweet_jax.pipelines.shared_stages import lora_overrides
     from sweet_jax.training.defaults import derived_from
 
     cfg = derived_from(os.path.join(os.path.dirname(__file__), "..", "configs", "x.py"), "sweet_backend_tiny.py")

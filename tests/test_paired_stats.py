@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sweet_jax.sweet.paired_stats import episodes_needed, paired_difference
+from sweet_jax.reporting.paired_stats import episodes_needed, paired_difference
 
 
 def test_the_difference_is_the_mean_over_shared_episodes_and_identical_methods_give_zero():

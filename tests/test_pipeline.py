@@ -103,7 +103,7 @@ def test_a_kill_mid_stage_then_the_same_command_resumes_with_nothing_redone(tmp_
     for name in finished:
         assert f"stage {name:<7s} done earlier" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    from sweet_jax.sweet.candidates import states_of
+    from sweet_jax.ranking.candidates import states_of
 
     states = states_of(str(run / "data" / "train_trajectories.jsonl"), 0.1)
     sampled = [json.loads(line) for line in open(run / "bon" / "sampled.jsonl")]
@@ -145,8 +145,8 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
 
     import ml_collections
 
-    from sweet_jax.sweet import stage_runner
-    from sweet_jax.sweet import stages as pipeline
+    from sweet_jax.pipelines import stage_runner
+    from sweet_jax.pipelines import stages as pipeline
 
     spans, lock = {}, threading.Lock()
 
@@ -195,7 +195,7 @@ def test_stages_run_in_parallel_after_their_dependencies_and_a_failure_stops_the
 def test_stage_takes_a_comma_separated_list_and_runs_those_in_pipeline_order(tmp_path, monkeypatch):
     import ml_collections
 
-    from sweet_jax.sweet import stages as pipeline
+    from sweet_jax.pipelines import stages as pipeline
 
     ran = []
     fake = tuple(pipeline.Stage(s.name, (), (), lambda run, name=s.name: ran.append(name) or {}, after=s.after)
@@ -217,8 +217,8 @@ def test_kept_servers_outlive_the_stages_pool_and_stop_without_a_restart(tmp_pat
 
     import ml_collections
 
-    from sweet_jax.sweet import stage_runner
-    from sweet_jax.sweet import stages as pipeline
+    from sweet_jax.pipelines import stage_runner
+    from sweet_jax.pipelines import stages as pipeline
 
     cfg = ml_collections.ConfigDict(dict(
         run_dir=str(tmp_path / "run"), jobs=2, inference=dict(backend="describer"),
@@ -259,7 +259,7 @@ def test_a_job_that_fails_the_moment_its_server_dies_runs_again_once_it_is_back(
     first run, and exits 0 on its second."""
     import ml_collections
 
-    from sweet_jax.sweet import stages as pipeline
+    from sweet_jax.pipelines import stages as pipeline
 
     cfg = ml_collections.ConfigDict(dict(
         run_dir=str(tmp_path / "run"), compile_cache=False, inference=dict(backend="describer"),

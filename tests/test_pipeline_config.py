@@ -1,4 +1,4 @@
-"""The pipeline's schema (`sweet.pipeline_config`): every shipped pipeline config loads into its track's schema; a
+"""The pipeline's schema (`runs.pipeline_config`): every shipped pipeline config loads into its track's schema; a
 misspelt field, a wrong type, a bad enum and a broken rule of the track are refused when the config loads, naming the
 file, line, field and rule, before any stage runs."""
 
@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from sweet_jax.cli.schema import SchemaError, field_names
-from sweet_jax.sweet import pipeline_config as pc
-from sweet_jax.sweet.pipeline_config import SCHEMAS, load_pipeline_config
+from sweet_jax.runs import pipeline_config as pc
+from sweet_jax.runs.pipeline_config import SCHEMAS, load_pipeline_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = {"sweet_backend_tiny.py": pc.PipelineConfig, "sweet_backend_8b.py": pc.PipelineConfig,

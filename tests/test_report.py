@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sweet_jax.sweet import reporting as report
+from sweet_jax.reporting import run_report as report
 
 
 def _report(*args) -> subprocess.CompletedProcess:
@@ -142,7 +142,7 @@ def _write_eval(run, stage, outcomes):
 def test_a_report_against_another_run_pairs_each_methods_episodes(tmp_path):
     """`--against`: a LoRA run set against the full fine-tuning run of the same config and seed, method by method
     over the episodes both played, and the training stages side by side."""
-    from sweet_jax.sweet.paired_stats import paired_difference
+    from sweet_jax.reporting.paired_stats import paired_difference
 
     lora, full = tmp_path / "lora", tmp_path / "full"
     for run, rank, test, acc in ((lora, 8, [[1, 1, 0, 0], [1, 0, 0, 1]], 0.7), (full, 0, [[0, 1, 0, 0], [0, 0, 0, 1]],
@@ -170,7 +170,7 @@ def test_a_report_against_another_run_pairs_each_methods_episodes(tmp_path):
 
 def test_seeds_report_pairs_the_episodes_of_the_same_task_and_rollout(tmp_path):
     from sweet_jax.data.trajectories import task_key
-    from sweet_jax.sweet.paired_stats import paired_difference
+    from sweet_jax.reporting.paired_stats import paired_difference
 
     write = _write_eval
 

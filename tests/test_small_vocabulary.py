@@ -75,14 +75,15 @@ def test_the_llama3_chat_format_renders_and_segments_with_the_cut_tokenizer(toke
 
 def test_a_score_head_critic_on_the_cut_tokenizer_pads_with_its_finetune_pad_token():
     from sweet_jax.training.defaults import recipe_tiny
-    from sweet_jax.training.job_setup import model_config
+    from sweet_jax.training.job_config import JobConfig
+    from sweet_jax.training.job_setup import job_model
 
     c = recipe_tiny("reward", "x")
-    cfg = model_config(c.model, "reward", c.tokenizer_path)
+    cfg = job_model(JobConfig.load(c))
     assert cfg.score_head and cfg.pad_token_id == 7935 + 4 == special_token_id(
         tokenizer_dir(c.tokenizer_path), "<|finetune_right_pad_id|>")
     c.tokenizer_path, c.model.preset_overrides.vocab_size = "", 128256  # the full bundled tokenizer
-    assert model_config(c.model, "reward", c.tokenizer_path).pad_token_id == 128004
+    assert job_model(JobConfig.load(c)).pad_token_id == 128004
 
 
 def test_a_size_without_room_for_the_byte_tokens_and_a_tokenizer_that_is_not_a_byte_level_bpe_are_refused(tmp_path):

@@ -346,8 +346,8 @@ def test_best_of_n_states_get_each_judges_exact_values_and_the_report_shows_them
     about chance, and the report's judges table and plot show it."""
     import json
 
-    from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
-    from sweet_jax.sweet.testbed_report import testbed_sections
+    from sweet_jax.ranking.credit_diagnostics import judge_diagnostics
+    from sweet_jax.reporting.testbed_report import testbed_sections
 
     s = tb.TestbedSettings()
     tasks = tb.make_tasks(s, 40, 11)

@@ -1,4 +1,4 @@
-"""The testbed's judges of judges (`sweet.testbed_judges`): the base's gate and the critics under both ranking
+"""The testbed's judges of judges (`ranking.testbed_judges`): the base's gate and the critics under both ranking
 references, on tiny random models, against a plain forward pass and the identities the two references obey."""
 
 import functools
@@ -13,8 +13,8 @@ from sweet_jax.colbench.env import BackendEpisode
 from sweet_jax.colbench.testbed_diagnostics import diagnostic_states
 from sweet_jax.data.examples import INFO_TEMPLATE
 from sweet_jax.objectives import token_logprobs
-from sweet_jax.sweet import testbed_judges as tj
-from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
+from sweet_jax.ranking import testbed_judges as tj
+from sweet_jax.ranking.credit_diagnostics import judge_diagnostics
 
 CFG = models.LlamaConfig.preset("tiny", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                                 num_kv_heads=2)

@@ -134,9 +134,9 @@ def test_the_testbed_track_runs_each_stage_after_what_it_uses():
     waits for the shared base (or the pre-trained initial policy), each evaluation after its policy, the diagnostics
     after best-of-N and every evaluation, and the report last. `:S` sets the seed of everything at once; a bad seed
     or testbed block is named."""
-    from sweet_jax.sweet import testbed_stages
-    from sweet_jax.sweet.stage_runner import Run
-    from sweet_jax.sweet.stages import track_stages
+    from sweet_jax.pipelines import testbed_stages
+    from sweet_jax.pipelines.stage_runner import Run
+    from sweet_jax.pipelines.stages import track_stages
 
     cfg = _config("3")
     assert (cfg.tasks.seed, cfg.best_of_n_eval.seed) == (3, 3)
@@ -170,8 +170,8 @@ def test_the_first_setting_the_base_and_the_sweep_cells():
     """The first setting runs as it did (its own pre-trained agent, scripted data, no judges stage); the base
     config's track pre-trains on every budget and gates; a sweep cell moves one dial of the main setting, from the
     same base, and runs what its comparison uses; bad arguments are named."""
-    from sweet_jax.sweet.stage_runner import Run
-    from sweet_jax.sweet.stages import track_stages
+    from sweet_jax.pipelines.stage_runner import Run
+    from sweet_jax.pipelines.stages import track_stages
 
     old = _config("1", name="sweet_testbed_scripted_tiny.py")
     run = Run(old)

@@ -1,4 +1,4 @@
-"""The frontend's vision-language critic (`sweet_jax.sweet.vision_critic`): its chat layout, its image pairs from
+"""The frontend's vision-language critic (`sweet_jax.ranking.vision_critic`): its chat layout, its image pairs from
 collected rollouts (the official |delta| >= 0.1 pairs), its reward against a NumPy mean of the score head's values
 on a tiny random Qwen2-VL, and its ranking job, which renders every distinct candidate page once, ever (across
 states and across a resumed run), scoring a page that fails to render as the official no-answer image."""
@@ -14,7 +14,7 @@ from sweet_jax.colbench import synthetic_frontend as sf
 from sweet_jax.colbench.render import solid_png
 from sweet_jax.colbench.render_cache import RenderCache, page_hash
 from sweet_jax.data.trajectories import read_trajectories
-from sweet_jax.sweet import vision_critic as vc
+from sweet_jax.ranking import vision_critic as vc
 
 
 class FlatRenderer:
@@ -184,7 +184,7 @@ def test_frontend_best_of_n_picks_the_judges_best_scores_its_pages_and_resumes_a
     from system import renderer_missing
 
     from sweet_jax.files.jsonl import write_jsonl
-    from sweet_jax.sweet import selection
+    from sweet_jax.ranking import selection
 
     if renderer_missing():
         pytest.skip(renderer_missing())

@@ -79,7 +79,7 @@ def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores():
 
     from sweet_jax import models
     from sweet_jax.inference.prefix_scoring import continuation_logprobs
-    from sweet_jax.sweet import endpoints
+    from sweet_jax.ranking import endpoints
 
     url, model = shared_vllm()
     loaded = models.load_model(model, "float32")
@@ -106,7 +106,7 @@ def test_vllm_cpu_samples_many_seeded_long_prompts_at_once_without_dying():
 
     from shared import shared_server_still_the_first
 
-    from sweet_jax.sweet import endpoints
+    from sweet_jax.ranking import endpoints
 
     url, _ = shared_vllm()
     rng = np.random.default_rng(1)
@@ -147,8 +147,8 @@ def test_one_vllm_server_holds_the_base_and_every_lora_runs_adapter_with_sweet_j
     from sweet_jax.inference.backends import BackendSettings, ManagedServer, server_command
     from sweet_jax.inference.prefix_scoring import continuation_logprobs
     from sweet_jax.models import lora
-    from sweet_jax.sweet import endpoints
-    from sweet_jax.sweet.stage_runner import Run
+    from sweet_jax.ranking import endpoints
+    from sweet_jax.pipelines.stage_runner import Run
 
     _, model = shared_vllm()
     base = models.load_model(model, "float32")
@@ -255,7 +255,7 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
 
     import numpy as np
 
-    from sweet_jax.sweet import candidates
+    from sweet_jax.ranking import candidates
 
     run = tmp_path / "run"
     env = dict(os.environ, SWEET_JAX_VLLM_PYTHON=VLLM_PYTHON)

@@ -249,7 +249,7 @@ def write_collector_data(path: str, s: TestbedSettings, tasks: list[dict], *, ro
 def judged_states(s: TestbedSettings, states: list[dict], tasks: list[dict]) -> dict[str, list[dict]]:
     """Judge by judge, the states of a best-of-N evaluation (`sweet_jax.best_of_n evaluate`'s OUT.states.jsonl:
     each state's candidates, the dialogue so far and every judge's scores) with their candidates' true values, in
-    `sweet.credit_diagnostics`'s layout: `truth` (Q*), `truth_collector` (Q under the collecting policy), `kinds`,
+    `ranking.credit_diagnostics`'s layout: `truth` (Q*), `truth_collector` (Q under the collecting policy), `kinds`,
     `turn` and `scores`. The states are the test tasks' states the best-of-N episodes reached; their candidates are
     the initial policy's samples. A state without its dialogue is an error naming it."""
     out: dict[str, list[dict]] = {}

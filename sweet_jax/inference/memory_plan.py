@@ -59,7 +59,7 @@ def _abstract(tree, shardings):
 
 def _placed(cfg, placement: Placement):
     """The placed config and abstract params, in f32 (see the module docstring)."""
-    cfg = placement.model_config(cfg.replace(param_dtype="float32", compute_dtype="float32"))
+    cfg = placement.placed_config(cfg.replace(param_dtype="float32", compute_dtype="float32"))
     params = jax.eval_shape(models.unstack_layers, models.abstract_params(cfg))
     return cfg, _abstract(params, placement.param_shardings(params, cfg))
 

@@ -12,7 +12,7 @@
   width (`models.repeat_kv_heads`): every shard then holds its own KV head and its slice of the KV cache, instead of
   every shard holding all of them.
 - A placement covers this process's devices only. A multi-host job runs one placement per process and splits its
-  work over the processes (`sweet.candidates`, `sweet.selection`).
+  work over the processes (`ranking.candidates`, `ranking.selection`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Placement:
             return t // k
         return 1
 
-    def model_config(self, cfg):
+    def placed_config(self, cfg):
         """The config the placed model runs with (KV heads widened, see the module docstring)."""
         return cfg.replace(num_kv_heads=cfg.num_kv_heads * self.kv_repeat(cfg))
 
@@ -104,7 +104,7 @@ class Placement:
         rules table. Params already placed are kept where they are."""
         params = models.unstack_layers(params)
         times = self.kv_repeat(cfg)
-        placed_cfg = self.model_config(cfg)
+        placed_cfg = self.placed_config(cfg)
         if times > 1:
             abstract = jax.eval_shape(lambda p: models.repeat_kv_heads(p, cfg, times)[0], params)
             widen = jax.jit(lambda p: models.repeat_kv_heads(p, cfg, times)[0],

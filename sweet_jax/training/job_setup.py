@@ -42,7 +42,6 @@ from sweet_jax.training import steps as train_steps
 from sweet_jax.training.batcher import Batcher, use_packing
 from sweet_jax.training.job_config import JobConfig
 from sweet_jax.training.objective_registry import Objective
-from sweet_jax.training.objective_registry import objective as registered
 from sweet_jax.training.optim import make_optimizer
 
 log = logging.getLogger("sweet_jax.train")
@@ -83,13 +82,13 @@ class Job:
 
 
 # ------------------------------------------------------------------------------------------------ the model
-def model_config(model_cfg, objective: str = "", tokenizer: str | None = None, lora_cfg=None):
-    """The job's model config (`models.model_config`); an objective with a score head (`Objective.score_head`) puts a
-    scalar head in place of the LM head, and a `lora` section with rank > 0 adds adapters. A missing or bad
-    checkpoint, or bad LoRA settings, are a SetupError."""
+def job_model(cfg: JobConfig):
+    """The model config a job trains (`models.model_config` of its `model`, `lora` and tokenizer settings): an
+    objective with a score head (`Objective.score_head`) puts a scalar head in place of the LM head, and a `lora`
+    section with rank > 0 adds adapters. A missing or bad checkpoint, or bad LoRA settings, are a SetupError."""
     try:
-        return models.model_config(model_cfg, score_head=bool(objective) and registered(objective).score_head,
-                                   tokenizer=tokenizer, lora=lora_cfg)
+        return models.model_config(cfg.model, score_head=cfg.spec.score_head, tokenizer=cfg.tokenizer_path,
+                                   lora=cfg.lora)
     except models.ConfigError as e:
         raise SetupError(f"{e} (settings model.*, lora.*)") from None
 
@@ -265,7 +264,7 @@ def set_up(config) -> Job:
     os.makedirs(run_dir, exist_ok=True)
     if leader:
         write_text(os.path.join(run_dir, "config.json"), cfg.to_config_dict().to_json_best_effort(indent=2))
-    model_cfg = model_config(cfg.model, cfg.objective, cfg.tokenizer_path, cfg.lora)
+    model_cfg = job_model(cfg)
     tokenizer, pad_id, train, held_out, stats = _data(cfg, model_cfg, run_dir)
     accumulation, steps_per_epoch, total_steps, tx = _schedule(cfg, len(train.items))
     layout = _layout(cfg, model_cfg, tx)

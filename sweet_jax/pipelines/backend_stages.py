@@ -29,10 +29,10 @@
 
 from __future__ import annotations
 
-from sweet_jax.sweet.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
+from sweet_jax.pipelines.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
                                            best_of_n_eval, rewards, stage_collected_data, text_best_of_n,
                                            with_report)
-from sweet_jax.sweet.stage_runner import Run, Stage, StageError
+from sweet_jax.pipelines.stage_runner import Run, Stage, StageError
 
 
 def stage_tasks(run: Run) -> dict:

@@ -12,7 +12,7 @@ run's success rates side by side and pooled over the runs, with 95% Wilson inter
   {N: rate}}, "episodes": {selector: {N: count}}, ...}).
 
 - On a testbed run (`task_type = "testbed"`), and in its seeds' `seeds.md`: every judge and every policy against the
-  ground truth, as tables and `critic_diagnostics.png` (`sweet.testbed_report`).
+  ground truth, as tables and `critic_diagnostics.png` (`reporting.testbed_report`).
 
 The output goes to RUN_DIR/report by default, written atomically file by file.
 """
@@ -27,7 +27,8 @@ import os
 from sweet_jax.cli.app import flag
 from sweet_jax.files.atomic import atomic_file, write_text
 from sweet_jax.files.jsonl import read_jsonl
-from sweet_jax.sweet.testbed_report import TESTBED_METHODS, critic_by_kind, testbed_sections
+from sweet_jax.reporting.testbed_report import TESTBED_METHODS, critic_by_kind, testbed_sections
+from sweet_jax.runs.run_layout import RunLayout, report_file
 
 # The evaluation stages of `sweet_jax.pipeline`, by the method they measure, in table order.
 METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
@@ -66,12 +67,13 @@ def read_log(path: str) -> dict[str, list[dict]]:
 
 
 def _markers(run_dir: str) -> dict[str, dict]:
-    d = os.path.join(run_dir, "stages")
+    layout = RunLayout(run_dir)
     out = {}
-    names = [n for n in os.listdir(d) if n.endswith(".json")] if os.path.isdir(d) else []
-    for name in sorted(names, key=lambda n: os.path.getmtime(os.path.join(d, n))):  # in the order they finished
-        with open(os.path.join(d, name)) as fh:
-            out[name[:-5]] = json.load(fh)
+    names = [n[:-5] for n in os.listdir(layout.markers) if n.endswith(".json")] if os.path.isdir(
+        layout.markers) else []
+    for name in sorted(names, key=lambda n: os.path.getmtime(layout.marker(n))):  # in the order they finished
+        with open(layout.marker(name)) as fh:
+            out[name] = json.load(fh)
     return out
 
 
@@ -86,12 +88,12 @@ def training_curves(run_dir: str, out: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [s for s in TRAINING if os.path.exists(os.path.join(run_dir, s, "log.jsonl"))]
+    stages = [s for s in TRAINING if os.path.exists(RunLayout(run_dir).training_log(s))]
     if not stages:
         return []
     fig, axes = plt.subplots(len(stages), 2, figsize=(10, 3.2 * len(stages)), squeeze=False)
     for row, stage in zip(axes, stages):
-        log = read_log(os.path.join(run_dir, stage, "log.jsonl"))
+        log = read_log(RunLayout(run_dir).training_log(stage))
         for ax, metric in zip(row, ("loss", "accuracy")):
             train = [p for p in log.get("train", []) if metric in p]
             held = [p for p in log.get("eval", []) if metric in p]
@@ -119,14 +121,14 @@ def training_curves(run_dir: str, out: str) -> list[str]:
             ax.grid(alpha=0.3)
             ax.legend()
     fig.tight_layout()
-    path = os.path.join(out, "training_curves.png")
+    path = report_file(out, "training_curves.png")
     _save(fig, path)
     plt.close(fig)
     return [path]
 
 
 def best_of_n_curve(run_dir: str, out: str) -> list[str]:
-    src = os.path.join(run_dir, "eval", "best_of_n.json")
+    src = RunLayout(run_dir).best_of_n
     if not os.path.exists(src):
         return []
     import matplotlib
@@ -153,7 +155,7 @@ def best_of_n_curve(run_dir: str, out: str) -> list[str]:
     ax.set_title(f"best-of-N selection (95% {'normal' if frontend else 'Wilson'} intervals)")
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside: 7 curves leave no empty corner
-    path = os.path.join(out, "best_of_n.png")
+    path = report_file(out, "best_of_n.png")
     _save(fig, path)
     plt.close(fig)
     return [path]
@@ -272,10 +274,10 @@ def frontend_rows(run_dirs: list[str]) -> dict[str, FrontendRow]:
 
     rows: dict[str, FrontendRow] = {}
     for d in run_dirs:
-        base_path = os.path.join(d, "eval", f"{BASELINE}_trajectories.jsonl")
+        base_path = RunLayout(d).episodes(BASELINE)
         base = _per_task(read_jsonl(base_path)) if os.path.exists(base_path) else None
         for stage in FRONTEND_METHODS:
-            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
+            path = RunLayout(d).episodes(stage)
             if not os.path.exists(path):
                 continue
             records = read_jsonl(path)
@@ -300,13 +302,12 @@ def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
     from sweet_jax.colbench.similarity import load_image
 
     columns = [(stage, name) for stage, name in FRONTEND_METHODS.items()
-               if os.path.exists(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))]
+               if os.path.exists(RunLayout(run_dir).episodes(stage))]
     if not columns:
         return []
-    per_method = {stage: read_jsonl(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl"))[:tasks]
+    per_method = {stage: read_jsonl(RunLayout(run_dir).episodes(stage))[:tasks]
                   for stage, _ in columns}
     first = per_method[columns[0][0]]
-    images_dir = os.path.join(run_dir, "eval", f"{columns[0][0]}_trajectories.jsonl.images")
     w, h, label = 273, 154, 18
     sheet = Image.new("RGB", ((1 + len(columns)) * (w + 6), len(first) * (h + label + 6) + label), "white")
     draw = ImageDraw.Draw(sheet)
@@ -314,7 +315,7 @@ def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
         draw.text((c * (w + 6) + 4, 2), title, fill="black")
     for r, rec in enumerate(first):
         y = label + r * (h + label + 6)
-        target = os.path.join(images_dir, page_hash(rec["task"]["ground_truth"]) + ".png")
+        target = RunLayout(run_dir).screenshot(columns[0][0], page_hash(rec["task"]["ground_truth"]))
         cells = [(load_image(target), "")]
         for stage, _ in columns:
             match = per_method[stage][r] if r < len(per_method[stage]) else None
@@ -325,7 +326,7 @@ def screenshots_page(run_dir: str, out: str, tasks: int = 6) -> list[str]:
             thumb.thumbnail((w, h))
             sheet.paste(thumb, (c * (w + 6), y + label))
             draw.text((c * (w + 6) + 4, y + 2), text or f"task {r}", fill="black")
-    path = os.path.join(out, "screenshots.png")
+    path = report_file(out, "screenshots.png")
     with atomic_file(path, "wb") as fh:
         sheet.save(fh, format="png")
     return [path]
@@ -338,7 +339,7 @@ def write_report(run_dir: str, out: str | None = None, against: str | None = Non
     markers = _markers(run_dir)
     if not markers:
         raise FileNotFoundError(f"{run_dir}: no finished pipeline stages (stages/*.json)")
-    out = out or os.path.join(run_dir, "report")
+    out = out or RunLayout(run_dir).report
     os.makedirs(out, exist_ok=True)
     plots = training_curves(run_dir, out) + best_of_n_curve(run_dir, out)
 
@@ -377,14 +378,14 @@ def write_report(run_dir: str, out: str | None = None, against: str | None = Non
         lo, hi = wilson(k, n)
         cell = ""
         if ask:  # the first turn decides an ask-domain episode: how often the policy opens with the right question
-            good = _first_turns(os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl")).get(None)
+            good = _first_turns(RunLayout(run_dir).episodes(stage)).get(None)
             cell = " - |" if good is None else f" {100 * good:.0f}% |"
         lines.append(f"| {name} | {100 * s['tests_passed']:.1f} | {100 * s['success']:.1f} | "
                      f"{100 * lo:.1f}-{100 * hi:.1f} | {n} |" + cell)
     if not evaluated:
         lines.append("| (no evaluation stage has finished) | | | | |")
     lines += _training_table(markers)
-    bon = os.path.join(run_dir, "eval", "best_of_n.json")
+    bon = RunLayout(run_dir).best_of_n
     lines += best_of_n_section(bon)
     if ask and os.path.exists(bon):
         curves, _ = read_best_of_n(bon)
@@ -417,9 +418,9 @@ def _fine_tuning(run_dir: str) -> str:
 def comparison_section(run_dir: str, other: str) -> list[str]:
     """This run against `other`, a run of the same config and seed that fine-tunes differently (LoRA against full
     fine-tuning): every evaluated method's success in both, and the difference over the episodes both played (the
-    same task, its k-th rollout) with a 95% bootstrap interval over them (`sweet.paired_stats`); then the training
+    same task, its k-th rollout) with a 95% bootstrap interval over them (`reporting.paired_stats`); then the training
     stages' held-out accuracy side by side."""
-    from sweet_jax.sweet.paired_stats import paired_difference
+    from sweet_jax.reporting.paired_stats import paired_difference
 
     other = os.path.abspath(other)
     if not os.path.isdir(other):
@@ -429,7 +430,7 @@ def comparison_section(run_dir: str, other: str) -> list[str]:
              f"minus that run's, in points, over the episodes both played.", "",
              "| method | this run | that run | difference | 95% CI | paired episodes |", "|---|---|---|---|---|---|"]
     for stage, name in _methods([run_dir]).items():
-        paths = [os.path.join(d, "eval", f"{stage}_trajectories.jsonl") for d in (run_dir, other)]
+        paths = [RunLayout(d).episodes(stage) for d in (run_dir, other)]
         if not all(os.path.exists(p) for p in paths):
             continue
         a, b = ({(0, *k): v for k, v in _episode_success(p).items()} for p in paths)
@@ -459,10 +460,10 @@ def ask_turns_section(run_dir: str, evaluated: list[tuple[str, str]]) -> list[st
 
     rows = []
     for stage, name in evaluated:
-        path = os.path.join(run_dir, "eval", f"{stage}_trajectories.jsonl")
+        path = RunLayout(run_dir).episodes(stage)
         if os.path.exists(path):
             rows.append((name, read_jsonl(path)))
-    bon = os.path.join(run_dir, "eval", "best_of_n.json.trajectories.jsonl")
+    bon = RunLayout(run_dir).best_of_n_episodes
     if os.path.exists(bon):
         records = read_jsonl(bon)
         n_max = max((int(r["n"]) for r in records), default=0)
@@ -508,15 +509,15 @@ def _finish_report(out: str, markers: dict, lines: list[str], plots: list[str]) 
     for name, rec in markers.items():
         summary = json.dumps(rec.get("summary", {}))
         lines.append(f"| {name} | {rec.get('seconds', '')} | `{summary[:160]}{'...' if len(summary) > 160 else ''}` |")
-    return write_text(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
+    return write_text(report_file(out, "report.md"), "\n".join(lines) + "\n")
 
 
 def _run_config(run_dir: str):
     """A pipeline run's config (its config.json, `pipeline_config.PipelineConfig`); the defaults for a run without
     one."""
-    from sweet_jax.sweet.pipeline_config import PipelineConfig, load_pipeline_config
+    from sweet_jax.runs.pipeline_config import PipelineConfig, load_pipeline_config
 
-    path = os.path.join(run_dir, "config.json")
+    path = RunLayout(run_dir).config
     if not os.path.exists(path):
         return PipelineConfig()
     with open(path) as fh:
@@ -550,7 +551,7 @@ def _write_frontend_report(run_dir: str, out: str, markers: dict, lines: list[st
     if not rows:
         lines.append("| (no evaluation stage has finished) | | | | | | |")
     lines += _training_table(markers)
-    lines += best_of_n_section(os.path.join(run_dir, "eval", "best_of_n.json"))
+    lines += best_of_n_section(RunLayout(run_dir).best_of_n)
     shots = screenshots_page(run_dir, out)
     if shots:
         lines += ["", "## Sample pages", "", "The first test tasks: the target, then each method's final page with its "
@@ -575,7 +576,7 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
         lines += [f"| {name} | " + rows[stage].cells() for stage, name in FRONTEND_METHODS.items() if stage in rows]
         episodes: dict[tuple[str, int], list[float]] = {}
         for d in runs:
-            path = os.path.join(d, "eval", "best_of_n.json.trajectories.jsonl")
+            path = RunLayout(d).best_of_n_episodes
             for rec in read_jsonl(path) if os.path.exists(path) else []:
                 episodes.setdefault((rec["selector"], int(rec["n"])), []).append(float(rec["reward"]))
         if episodes:
@@ -585,7 +586,7 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
                 lo, hi = normal_interval(values)
                 lines.append(f"| {sel} | {n} | {100 * sum(values) / len(values):.1f} | {100 * lo:.1f}-{100 * hi:.1f} "
                              f"| {len(values)} |")
-        return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
+        return write_text(report_file(out, "seeds.md"), "\n".join(lines) + "\n")
     head = "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | pooled | 95% CI (pooled) |"
     rule = "|---|" + "---|" * (len(runs) + 2)
 
@@ -607,8 +608,8 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
             cells.append((round(s["success"] * s["trajectories"]), s["trajectories"]) if s else None)
         if any(cells):
             lines.append(row(name, cells))
-    results = [read_best_of_n(os.path.join(d, "eval", "best_of_n.json"))
-               if os.path.exists(os.path.join(d, "eval", "best_of_n.json")) else None for d in runs]
+    results = [read_best_of_n(RunLayout(d).best_of_n)
+               if os.path.exists(RunLayout(d).best_of_n) else None for d in runs]
     if any(results):
         lines += ["", "## Best-of-N on the test tasks (success %)", "", head, rule]
         order = list(dict.fromkeys(sel for r in results if r for sel in r[0]))
@@ -627,7 +628,7 @@ def write_seeds_report(run_dirs: list[str], out: str) -> str:
     if all(_task_type(d) == "testbed" for d in runs):
         extra_lines, extra_plots = testbed_sections(runs, out)
         lines += extra_lines + [""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in extra_plots]
-    return write_text(os.path.join(out, "seeds.md"), "\n".join(lines) + "\n")
+    return write_text(report_file(out, "seeds.md"), "\n".join(lines) + "\n")
 
 
 def _episode_success(path: str) -> dict:
@@ -648,7 +649,7 @@ def _paired_success(runs: list[str], methods) -> dict[str, dict]:
     success = {stage: {} for stage in methods}
     for i, d in enumerate(runs):
         for stage in methods:
-            path = os.path.join(d, "eval", f"{stage}_trajectories.jsonl")
+            path = RunLayout(d).episodes(stage)
             if os.path.exists(path):
                 success[stage].update({(i, *k): v for k, v in _episode_success(path).items()})
     return success
@@ -657,8 +658,8 @@ def _paired_success(runs: list[str], methods) -> dict[str, dict]:
 def paired_section(runs: list[str]) -> list[str]:
     """SWEET-RL minus each baseline (on the testbed also each actor ablation), in success points, over the episodes
     both played in every run (the same task, its k-th rollout), with a 95% bootstrap interval over the runs (seeds)
-    and the episodes (`sweet.paired_stats.paired_difference`)."""
-    from sweet_jax.sweet.paired_stats import paired_difference
+    and the episodes (`reporting.paired_stats.paired_difference`)."""
+    from sweet_jax.reporting.paired_stats import paired_difference
 
     methods = _methods(runs)
     success = _paired_success(runs, methods)
@@ -690,7 +691,7 @@ def sweep_cells(main_runs: list[str], sweep_dir: str) -> dict[str, dict[float, l
     cells: dict[str, dict[float, list[str]]] = {dial: {} for dial in SWEEP_DIALS}
     for d in sorted(glob.glob(os.path.join(sweep_dir, "*", "seed_*"))):
         dial, _, value = os.path.basename(os.path.dirname(d)).partition("_")
-        if dial in SWEEP_DIALS and os.path.exists(os.path.join(d, "stages", "test.json")):
+        if dial in SWEEP_DIALS and os.path.exists(RunLayout(d).marker("test")):
             cells[dial].setdefault(float(value), []).append(d)
     for dial, (block, key) in SWEEP_DIALS.items():
         for d in main_runs:
@@ -706,7 +707,7 @@ def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
     (paired, with the bootstrap interval of `paired_section`), each method's success, and the SWEET critic's rank
     correlation with Q* among question and among answer candidates under the official reference (the judges stage's
     "critic (sampler)"), the main setting's runs at its own value of every dial."""
-    from sweet_jax.sweet.paired_stats import paired_difference
+    from sweet_jax.reporting.paired_stats import paired_difference
 
     cells = sweep_cells(main_runs, sweep_dir)
     lines = ["# The testbed sweep: SWEET-RL against the baselines, dial by dial", "",
@@ -735,7 +736,7 @@ def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
             if diffs["test_mtdpo"]:
                 points.setdefault(dial, []).append((value, diffs["test_mtdpo"], len(runs)))
     os.makedirs(out, exist_ok=True)
-    md = os.path.join(out, "sweep.md")
+    md = report_file(out, "sweep.md")
     write_text(md, "\n".join(lines) + "\n")
     if not points:
         return [md]
@@ -758,7 +759,7 @@ def sweep_report(main_runs: list[str], sweep_dir: str, out: str) -> list[str]:
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("SWEET-RL - multi-turn DPO\n(success points, 95% CI)")
     fig.suptitle("SYNTHETIC credit-assignment testbed: SWEET-RL against multi-turn DPO by dial")
-    png = os.path.join(out, "testbed_sweep.png")
+    png = report_file(out, "testbed_sweep.png")
     _save(fig, png)
     return [md, png]
 
@@ -780,7 +781,7 @@ def write_reports(s: ReportSettings) -> list[str]:
         raise FileNotFoundError("--against compares one run with another: give one RUN_DIR")
     paths = [write_report(d, s.output if len(s.run_dir) == 1 else None, s.against) for d in s.run_dir]
     if len(s.run_dir) > 1:
-        paths.append(write_seeds_report(s.run_dir, s.output or os.path.join(s.run_dir[0], "report")))
+        paths.append(write_seeds_report(s.run_dir, s.output or RunLayout(s.run_dir[0]).report))
     if s.sweep:
-        paths += sweep_report(s.run_dir, s.sweep, s.output or os.path.join(s.sweep, "report"))
+        paths += sweep_report(s.run_dir, s.sweep, s.output or RunLayout(s.sweep).report)
     return paths

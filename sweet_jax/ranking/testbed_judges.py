@@ -21,7 +21,7 @@ def _placed(model: str):
     """The model placed once per process (`judges.shared_model`, which the judges below share), its tokenizer,
     tokenized chat format and placement."""
     from sweet_jax.inference.placement import Placement
-    from sweet_jax.sweet.judges import shared_model
+    from sweet_jax.ranking.judges import shared_model
 
     placement = Placement.build()
     loaded = shared_model(model, "float32", placement)
@@ -79,7 +79,7 @@ def mean_logprobs(model: str, s: TestbedSettings, states: list[dict], *, info: b
     """The model's mean log-prob of every candidate of every state (its tokens without the turn's header), after the
     information prefix or (not `info`) without it."""
     from sweet_jax.colbench.env import BackendEpisode
-    from sweet_jax.sweet.judges import Judge
+    from sweet_jax.ranking.judges import Judge
 
     judge = Judge(model, kind="critic", no_header=True, no_info=not info)
     out = []
@@ -132,7 +132,7 @@ def sampled_states(model: str, s: TestbedSettings, states: list[dict], *, n: int
 def judge_figures(s: TestbedSettings, states: list[dict], scores: list[list[float]]) -> dict:
     """The judge's and the oracle's diagnostics (`credit_diagnostics.judge_diagnostics`) against Q* and against the
     outcome under the hidden code."""
-    from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
+    from sweet_jax.ranking.credit_diagnostics import judge_diagnostics
 
     out = {}
     for name, truth in (("q_star", lambda st: st["truth"]), ("outcome", lambda st: outcomes(s, st["task"],
@@ -179,7 +179,7 @@ def judges(base: str, critics: dict[str, str], s: TestbedSettings, tasks: list[d
     policy ("collector"), with candidates grouped into questions and answers; `scored`: every state's candidates,
     true values and each judge's scores."""
     from sweet_jax.colbench.testbed_diagnostics import diagnostic_states
-    from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
+    from sweet_jax.ranking.credit_diagnostics import judge_diagnostics
 
     states = diagnostic_states(s, tasks, candidates=candidates, seed=seed)
     if sampled:

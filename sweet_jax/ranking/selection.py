@@ -2,11 +2,11 @@
 samples N candidates, a selector picks one, and the simulator (greedy) replies; the final answers are scored in the
 sandbox (backend), or by their screenshots' similarity to the targets' (frontend, `--task_type frontend`: pages
 rendered offline through a render cache, the simulator behind `--simulator_url`, e.g. the design describer or vLLM's
-Qwen2-VL, and judges of kind "vision": the vision-language critic of `sweet.vision_critic`, `:no-target` without the
+Qwen2-VL, and judges of kind "vision": the vision-language critic of `ranking.vision_critic`, `:no-target` without the
 target screenshot).
 
 Selectors: "random" (the first candidate, which is a uniform pick), and one per judge given (`--judge
-NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]`, any kind of `sweet.judges`: the highest judge score;
+NAME=MODEL_DIR[:head|:value|:llm][:no-info][:sum][:no-header]`, any kind of `ranking.judges`: the highest judge score;
 ties go to the earlier candidate). Each state of each repeat is sampled once with `max(ns)` candidates and best-of-N
 uses the first N of them, so the curves differ only in the selection.
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from sweet_jax.cli.app import flag
 from sweet_jax.colbench.env import BackendEpisode, Episode, FrontendEpisode
 from sweet_jax.files.errors import DataError
-from sweet_jax.sweet.candidates import DTYPES, JUDGE_KINDS
+from sweet_jax.ranking.candidates import DTYPES, JUDGE_KINDS
 
 JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm|:vision][:no-info][:sum][:no-header][:no-target]"
 JUDGE_OPTIONS = ("no-info", "sum", "no-header", "no-target")
@@ -82,7 +82,7 @@ class SelectionEpisode:
 
 def parse_judges(specs: list[str]) -> dict[str, dict]:
     """`JUDGE_SPEC` strings -> {NAME: `Judge` keyword arguments}. The kind is "critic" unless one of head, value, llm
-    is given (see `sweet.judges`)."""
+    is given (see `ranking.judges`)."""
     judges = {}
     for spec in specs:
         name, eq, rest = spec.partition("=")
@@ -131,7 +131,7 @@ class _Models:
 def _load_models(s: SelectionSettings, frontend: bool) -> _Models:
     from sweet_jax.inference.placement import Placement
     from sweet_jax.inference.sampling import SamplingParams
-    from sweet_jax.sweet.judges import shared_model
+    from sweet_jax.ranking.judges import shared_model
 
     placement = Placement.build(s.mesh)
     policy = shared_model(s.policy, s.dtype, placement)
@@ -174,7 +174,7 @@ def _backend_track(s: SelectionSettings, m: _Models) -> _Track:
 
 def _served_replies(s: SelectionSettings) -> Callable[[list[str], dict[str, Episode]], list[str]]:
     """The simulated human behind `--simulator_url`: each distinct request's messages, sent greedy."""
-    from sweet_jax.sweet.endpoints import Server, chat_replies
+    from sweet_jax.ranking.endpoints import Server, chat_replies
 
     server = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4)
 
@@ -206,14 +206,14 @@ def _parse_ns(text: str) -> list[int]:
 
 
 def _make_judges(s: SelectionSettings, judge_kw: dict, placement, cache) -> dict:
-    from sweet_jax.sweet.judges import Judge
+    from sweet_jax.ranking.judges import Judge
 
     judges = {}
     for name, kw in judge_kw.items():
         if kw["kind"] == "vision":
             if cache is None:
                 raise DataError(f"--judge {name}: a vision judge needs --task_type frontend")
-            from sweet_jax.sweet.vision_critic import VisionJudge
+            from sweet_jax.ranking.vision_critic import VisionJudge
 
             judges[name] = VisionJudge(kw["model"], cache, with_target=kw["with_target"], dtype=s.dtype)
         else:

@@ -7,7 +7,7 @@ configs/testbed_base_tiny.py). The base track:
                     a random-init tiny Llama pre-trained on the collecting policy's dialogues and on the same turns in
                     the critic's layout, the answer replaced by the hidden code (`testbed_diagnostics.informed_records`)
     gate            its two skills on held-out tasks, before any method runs: its answers copy what it was told, and
-                    as a judge the information makes the right answer likely (`sweet.testbed_judges.gate`)
+                    as a judge the information makes the right answer likely (`ranking.testbed_judges.gate`)
 
 The method track, the backend track's plan with a scripted human:
 
@@ -35,10 +35,10 @@ The method track, the backend track's plan with a scripted human:
     judges          the SWEET critic and the critic without the information against the ground truth on held-out
                     states with the initial policy's candidates, each under both ranking references (the sampler's
                     log-probs without the information, the official code's; the frozen base on the critic's own text,
-                    the paper's Eq. 3), and the untrained base as a judge (`sweet.testbed_judges.judges`)
+                    the paper's Eq. 3), and the untrained base as a judge (`ranking.testbed_judges.judges`)
     diagnostics     every judge against the ground truth on the best-of-N states (rank correlation, top-1, pairwise
                     accuracy, by turn and by action type), and every evaluated policy turn by turn against the optimum
-    report          the results, the diagnostics table and plot (`sweet.testbed_report`)
+    report          the results, the diagnostics table and plot (`reporting.testbed_report`)
 
 `drop`: stage names a setting leaves out (a sweep cell runs only the stages its comparison uses).
 """
@@ -48,10 +48,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from sweet_jax.sweet.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
+from sweet_jax.pipelines.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
                                            collect, evaluate_policy, rank_candidates, stage_init, text_best_of_n,
                                            train, with_report)
-from sweet_jax.sweet.stage_runner import IN_DRIVER, ROOT, Run, Stage, StageError
+from sweet_jax.pipelines.stage_runner import IN_DRIVER, ROOT, Run, Stage, StageError
 
 # the actor's ablations: stage suffix -> (the critic's stage, rank with sums, rank without the information)
 ACTOR_ABLATIONS = {"no_info": ("critic_no_info", False, True), "sum": ("critic", True, False)}
@@ -102,7 +102,7 @@ def stage_base(run: Run) -> dict:
 
 
 def stage_gate(run: Run) -> dict:
-    """The base's skills (`sweet.testbed_judges.gate`) on held-out tasks of each budget it was pre-trained for
+    """The base's skills (`ranking.testbed_judges.gate`) on held-out tasks of each budget it was pre-trained for
     (`tasks.pretrain_budgets`, else the run's), `gate.tasks` of them per budget, in RUN/gate/gate_qB.json."""
     from dataclasses import replace
 
@@ -146,7 +146,7 @@ def stage_data(run: Run) -> dict:
 
 
 def stage_judges(run: Run) -> dict:
-    """RUN/eval/judges.json: `sweet.testbed_judges.judges` on the test tasks, for the SWEET critic and (when it
+    """RUN/eval/judges.json: `ranking.testbed_judges.judges` on the test tasks, for the SWEET critic and (when it
     runs) the critic without the information."""
     critics = [("critic", "critic")] + ([("critic w/o information", "critic_no_info")]
                                         if kept("critic_no_info")(run) else [])
@@ -195,7 +195,7 @@ def stage_diagnostics(run: Run) -> dict:
     from sweet_jax.colbench.testbed_diagnostics import judged_states, policy_breakdown
     from sweet_jax.files.atomic import write_json
     from sweet_jax.files.jsonl import read_jsonl
-    from sweet_jax.sweet.credit_diagnostics import judge_diagnostics
+    from sweet_jax.ranking.credit_diagnostics import judge_diagnostics
 
     s = settings(run)
     out = {}

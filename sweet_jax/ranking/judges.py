@@ -20,7 +20,7 @@ The history is computed once per state in a KV cache shared by all candidates (`
 devices of `placement` (`inference.placement`). Judges of one model (the SWEET critic ranking means and sums) share
 the loaded weights and the log-probs of a state. The header, end-of-turn token and prompt layout come from the
 model's chat format (`sweet_jax.chat`). The critic kind can also score through servers of the critic and of the
-reference model (`base_url`, `reference_url`: vLLM or `sweet_jax.serve`, see `sweet.endpoints`); the model
+reference model (`base_url`, `reference_url`: vLLM or `sweet_jax.serve`, see `ranking.endpoints`); the model
 directories then give the config and tokenizer only.
 """
 
@@ -84,7 +84,7 @@ def _logprobs(model_key: tuple, scorer, prefix: list[int], spans: list[list[int]
 def _scorer(loaded=None, url: str | None = None, name: str = "", placement=None):
     """Continuation log-probs from the placed model, or from the server(s) at `url`."""
     if url:
-        from sweet_jax.sweet import endpoints
+        from sweet_jax.ranking import endpoints
 
         server = endpoints.Server(url, name)
         return lambda prefix, spans: endpoints.continuation_logprobs(server, prefix, spans)

@@ -34,7 +34,7 @@ from sweet_jax.cli.app import flag
 from sweet_jax.colbench.env import split_output
 from sweet_jax.colbench.html import extract_html
 from sweet_jax.colbench.prompts import render_dialogue
-from sweet_jax.sweet.candidates import DTYPES
+from sweet_jax.ranking.candidates import DTYPES
 
 TARGET_CAPTION = "The page the human wants:"
 DIALOGUE_CAPTION = "The conversation so far:\n"
@@ -165,7 +165,7 @@ def rank_vision(s: RankVisionSettings, renderer_factory=None) -> dict:
 
     from sweet_jax.colbench.render_cache import RenderCache
     from sweet_jax.files.jsonl import read_jsonl
-    from sweet_jax.sweet.candidates import Share
+    from sweet_jax.ranking.candidates import Share
 
     records = read_jsonl(s.input, ("ground_truth", "messages", "additional_outputs"))
     share = Share(s.output, len(records))

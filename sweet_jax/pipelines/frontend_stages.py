@@ -7,7 +7,7 @@ similarity to the target's screenshot; tasks.kind = "design": the SYNTHETIC desi
                    data) and data/mtdpo_pairs.jsonl without it (multi-turn DPO's, and the critic without the
                    information's)
     vision_init    the vision-language critic's starting point (a random-init tiny Qwen2-VL, or vision.critic_init)
-    vision_pairs   its image pairs (`sweet.vision_critic`): with the target screenshot, and without it
+    vision_pairs   its image pairs (`ranking.vision_critic`): with the target screenshot, and without it
     critic_vision  the regression-head vision critic on the image pairs
     rank_vision    every candidate of `sample` rendered (each distinct page once) and scored by the vision critic
     policy_vision, test_vision
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 
-from sweet_jax.sweet import selection
-from sweet_jax.sweet.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
+from sweet_jax.ranking import selection
+from sweet_jax.pipelines.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
                                            best_of_n_eval, evaluate_policy, random_init, stage_collected_data, train,
                                            with_report)
-from sweet_jax.sweet.stage_runner import IN_DRIVER, Run, Stage, StageError
+from sweet_jax.pipelines.stage_runner import IN_DRIVER, Run, Stage, StageError
 
 
 def stage_tasks(run: Run) -> dict:
@@ -66,11 +66,11 @@ def stage_vision_init(run: Run) -> dict:
 
 
 def stage_vision_pairs(run: Run) -> dict:
-    """The vision critic's image pairs (`sweet.vision_critic`): the official frontend pairs, each side the last turn
+    """The vision critic's image pairs (`ranking.vision_critic`): the official frontend pairs, each side the last turn
     with the target's screenshot, the dialogue and the final page's screenshot; and the same without the target."""
     from sweet_jax.data.trajectories import read_trajectories
     from sweet_jax.files.jsonl import write_jsonl
-    from sweet_jax.sweet.vision_critic import image_pair_records
+    from sweet_jax.ranking.vision_critic import image_pair_records
 
     with IN_DRIVER:
         trajectories = list(read_trajectories(run.trajectories, streaming=False))
@@ -88,7 +88,7 @@ def stage_vision_pairs(run: Run) -> dict:
 
 def _critic_vision(stage: str, pairs: str):
     def run_stage(run: Run) -> dict:
-        init = run.cfg.vision.critic_init or run.path("vision_init", "hf")
+        init = run.cfg.vision.critic_init or run.layout.export("vision_init")
         # a score-head critic (a new head on a vision-language model): trained in full, LoRA or not
         return train(run, stage, run.cfg.vision.critic.config, run.path("data", pairs),
                       (*run.cfg.vision.critic.overrides, *getattr(run.cfg, stage).overrides), init=init, adapters=False)
@@ -96,10 +96,10 @@ def _critic_vision(stage: str, pairs: str):
 
 
 def stage_rank_vision(run: Run) -> dict:
-    from sweet_jax.sweet.vision_critic import RankVisionSettings
+    from sweet_jax.ranking.vision_critic import RankVisionSettings
 
     run.job("rank_vision", "best_of_n", RankVisionSettings(
-        critic=run.path("critic_vision", "hf"), input=run.path("bon", "sampled.jsonl"),
+        critic=run.layout.export("critic_vision"), input=run.path("bon", "sampled.jsonl"),
         output=run.path("bon", "ranked_vision.jsonl"), render_workers=run.cfg.collect.render_workers),
         subcommand="rank_vision")
     return {"states": sum(1 for _ in open(run.path("bon", "ranked_vision.jsonl")))}
@@ -120,15 +120,15 @@ def stage_best_of_n(run: Run) -> dict:
         run.job("best_of_n", "best_of_n", selection.SelectionSettings(
             policy=run.policy_init, simulator=run.simulator, tasks=run.test_tasks, task_type="frontend",
             simulator_url=sim, clip=run.cfg.collect.clip or None,
-            output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+            output=run.layout.best_of_n, ns=e.ns, repeats=e.repeats, limit=e.limit,
             max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
             simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed, judge=[
-                judge("text critic", run.path("critic", "hf"), "critic", *head),
-                judge("text critic w/o information", run.path("critic_no_info", "hf"), "critic", "no-info", *head),
-                judge("vision critic", run.path("critic_vision", "hf"), "vision"),
-                judge("vision critic w/o target", run.path("critic_vision_no_target", "hf"), "vision",
+                judge("text critic", run.layout.export("critic"), "critic", *head),
+                judge("text critic w/o information", run.layout.export("critic_no_info"), "critic", "no-info", *head),
+                judge("vision critic", run.layout.export("critic_vision"), "vision"),
+                judge("vision critic w/o target", run.layout.export("critic_vision_no_target"), "vision",
                       "no-target")]), subcommand="evaluate")
-    with open(run.path("eval", "best_of_n.json")) as fh:
+    with open(run.layout.best_of_n) as fh:
         return {"similarity": json.load(fh)["similarity"]}
 
 
@@ -163,6 +163,6 @@ STAGES = with_report((
     Stage("policy_vision", ("bon/ranked_vision.jsonl",), ("policy_vision/hf",), stage_policy_vision,
           after=("rank_vision",)),
     Stage("test_vision", ("policy_vision/hf",), ("eval/test_vision_trajectories.jsonl",),
-          lambda run: evaluate_policy(run, "test_vision", run.path("policy_vision", "hf")), after=("policy_vision",)),
+          lambda run: evaluate_policy(run, "test_vision", run.layout.export("policy_vision")), after=("policy_vision",)),
     *BASELINES,
 ))

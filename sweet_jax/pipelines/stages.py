@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 
-from sweet_jax.sweet import backend_stages, frontend_stages, testbed_stages
-from sweet_jax.sweet.pipeline_config import load_pipeline_config
-from sweet_jax.sweet.shared_stages import ABLATIONS
-from sweet_jax.sweet.stage_runner import Run, Stage, StageError
-from sweet_jax.sweet.stage_runner import run_pipeline as run_stages
+from sweet_jax.pipelines import backend_stages, frontend_stages, testbed_stages
+from sweet_jax.runs.pipeline_config import load_pipeline_config
+from sweet_jax.pipelines.shared_stages import ABLATIONS
+from sweet_jax.pipelines.stage_runner import Run, Stage, StageError
+from sweet_jax.pipelines.stage_runner import run_pipeline as run_stages
 
 TRACKS = {"backend": backend_stages.STAGES, "frontend": frontend_stages.STAGES, "testbed": testbed_stages.STAGES,
           "testbed_base": testbed_stages.BASE_STAGES}

@@ -13,7 +13,7 @@ preference pairs. The files use the official intermediate layouts.
   - "model" (the paper's Eq. 3): a frozen reference critic that sees the same text.
 
   `use_sum` compares sums instead; `no_info` drops the ground-truth prefix (the "w/o training-time information"
-  ablation). `kind` ranks with one of the other judges of `sweet.judges` instead: a regression-head critic, a value
+  ablation). `kind` ranks with one of the other judges of `ranking.judges` instead: a regression-head critic, a value
   function, or an LLM as judge.
 - `pairs(PairsSettings)`: per state, `num_pairs` random draws of one candidate from the top half and one from the
   bottom half of the judge ranking (seed 42); strings as the official script writes them.
@@ -167,7 +167,7 @@ def sample(s: SampleSettings) -> dict:
     share = Share(s.output, len(states))  # (joins a multi-process job before jax touches a device)
     placement = Placement.build(s.mesh)
     if s.base_url:  # the weights are on the server; the directory gives the tokenizer and chat format
-        from sweet_jax.sweet import endpoints
+        from sweet_jax.ranking import endpoints
 
         loaded = models.LoadedModel(models.load_config(s.model), None,
                                     s.model if chat.has_tokenizer(s.model) else None)
@@ -212,7 +212,7 @@ def rank(s: RankSettings) -> dict:
 
     from sweet_jax.files.errors import DataError
     from sweet_jax.files.jsonl import read_jsonl
-    from sweet_jax.sweet.judges import Judge
+    from sweet_jax.ranking.judges import Judge
 
     records = read_jsonl(s.input, RANK_FIELDS)
     share = Share(s.output, len(records))  # (joins a multi-process job before jax touches a device)

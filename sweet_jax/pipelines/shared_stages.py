@@ -11,8 +11,8 @@ import contextlib
 import json
 import os
 
-from sweet_jax.sweet import candidates, selection
-from sweet_jax.sweet.stage_runner import ROOT, Run, Stage, StageError
+from sweet_jax.ranking import candidates, selection
+from sweet_jax.pipelines.stage_runner import ROOT, Run, Stage, StageError
 
 ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
 
@@ -51,7 +51,7 @@ def random_init(run: Run, stage: str, init) -> str:
     (`pipeline_config.InitSettings` or `VisionInitSettings`)."""
     from sweet_jax.models.random_weights import RandomInitSettings
 
-    out = run.path(stage, "hf")
+    out = run.layout.export(stage)
     run.job(stage, "random_init", RandomInitSettings(
         output=out, preset=init.preset, seed=init.seed, std=init.std,
         overrides=json.dumps(init.overrides, sort_keys=True), head_from_embed=init.head_from_embed,
@@ -67,7 +67,7 @@ def stage_init(run: Run) -> dict:
 
 def stage_pretrain(run: Run) -> dict:
     return train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
-                  run.cfg.pretrain.overrides, init=run.path("init", "hf"), adapters=False)
+                  run.cfg.pretrain.overrides, init=run.layout.export("init"), adapters=False)
 
 
 def lora_overrides(run: Run, overrides) -> list[str]:
@@ -136,7 +136,7 @@ def stage_sample(run: Run) -> dict:
 
 def stage_rank(run: Run) -> dict:
     r = run.cfg.rank
-    return rank_candidates(run, "rank", run.path("critic", "hf"), run.path("bon", "ranked.jsonl"),
+    return rank_candidates(run, "rank", run.layout.export("critic"), run.path("bon", "ranked.jsonl"),
                            use_sum=bool(r.use_sum), no_info=bool(r.no_info))
 
 
@@ -170,7 +170,7 @@ def stage_policy(run: Run) -> dict:
 
 def evaluate_policy(run: Run, stage: str, model: str) -> dict:
     """An evaluation on the test tasks: `test.rollouts` conversations on each of the first `test.limit` (0: all)."""
-    return collect(run, stage, run.test_tasks, run.path("eval", f"{stage}_trajectories.jsonl"), model,
+    return collect(run, stage, run.test_tasks, run.layout.episodes(stage), model,
                     run.cfg.test.rollouts, limit=run.cfg.test.limit)
 
 
@@ -183,7 +183,7 @@ def stage_mtdpo(run: Run) -> dict:
 
 
 def stage_report(run: Run) -> dict:
-    from sweet_jax.sweet.reporting import write_report
+    from sweet_jax.reporting.run_report import write_report
 
     return {"report": write_report(run.dir, against=run.cfg.lora.compare_with or None)}
 
@@ -196,20 +196,20 @@ def text_best_of_n(run: Run, simulator_url: str | None = None, left_out: tuple[s
     server at `simulator_url`."""
     e, judge = run.cfg.best_of_n_eval, selection.judge_spec
     head = ("no-header",) if run.cfg.rank.no_header else ()  # the judges score as the rank stage does
-    judges = [("critic", judge("SWEET critic", run.path("critic", "hf"), "critic", *head)),
-              ("critic", judge("SWEET critic, sum", run.path("critic", "hf"), "critic", "sum", *head)),
-              ("critic_no_info", judge("critic w/o information", run.path("critic_no_info", "hf"), "critic",
+    judges = [("critic", judge("SWEET critic", run.layout.export("critic"), "critic", *head)),
+              ("critic", judge("SWEET critic, sum", run.layout.export("critic"), "critic", "sum", *head)),
+              ("critic_no_info", judge("critic w/o information", run.layout.export("critic_no_info"), "critic",
                                        "no-info", *head)),
-              ("critic_head", judge("regression head", run.path("critic_head", "hf"), "head")),
-              ("critic_value", judge("value function", run.path("critic_value", "hf"), "value")),
+              ("critic_head", judge("regression head", run.layout.export("critic_head"), "head")),
+              ("critic_value", judge("value function", run.layout.export("critic_value"), "value")),
               ("init", judge("LLM judge", run.policy_init, "llm"))]
     run.job("best_of_n", "best_of_n", selection.SelectionSettings(
         policy=run.policy_init, simulator=run.simulator, simulator_url=simulator_url, tasks=run.test_tasks,
-        output=run.path("eval", "best_of_n.json"), ns=e.ns, repeats=e.repeats, limit=e.limit,
+        output=run.layout.best_of_n, ns=e.ns, repeats=e.repeats, limit=e.limit,
         max_steps=run.cfg.collect.max_steps, max_tokens=run.cfg.collect.agent_max_tokens,
         simulator_max_tokens=run.cfg.collect.simulator_max_tokens, seed=e.seed,
         judge=[spec for stage, spec in judges if stage not in left_out]), subcommand="evaluate")
-    with open(run.path("eval", "best_of_n.json")) as fh:
+    with open(run.layout.best_of_n) as fh:
         return {"success": json.load(fh)["success"]}
 
 
@@ -227,7 +227,7 @@ def stage_collected_data(run: Run) -> dict:
 
 
 def stage_test(run: Run) -> dict:
-    return evaluate_policy(run, "test", run.path("policy", "hf"))
+    return evaluate_policy(run, "test", run.layout.export("policy"))
 
 
 def _evaluation(stage: str, model):
@@ -254,10 +254,10 @@ BASELINES = (
           _evaluation("test_zero_shot", lambda run: run.policy_init), after=("data",)),
     Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
     Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
-          _evaluation("test_rft", lambda run: run.path("rft", "hf")), after=("rft",)),
+          _evaluation("test_rft", lambda run: run.layout.export("rft")), after=("rft",)),
     Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data", "gt_pairs")),
     Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
-          _evaluation("test_mtdpo", lambda run: run.path("mtdpo", "hf")), after=("mtdpo",)),
+          _evaluation("test_mtdpo", lambda run: run.layout.export("mtdpo")), after=("mtdpo",)),
 )
 
 

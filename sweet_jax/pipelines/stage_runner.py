@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 from sweet_jax.cli.app import command_line
 from sweet_jax.files.atomic import write_json
+from sweet_jax.runs.run_layout import RunLayout
 
 log = logging.getLogger("sweet_jax.pipeline")
 # Stages that run in the driver itself (writing the pair files) take turns: `datasets`, which reads the trajectories,
@@ -79,10 +80,11 @@ class Run:
     """One pipeline run: its config, directory and the helpers the stages share."""
 
     def __init__(self, cfg, python: str = sys.executable):
-        from sweet_jax.sweet.pipeline_config import load_pipeline_config
+        from sweet_jax.runs.pipeline_config import load_pipeline_config
 
         self.cfg, self.python = load_pipeline_config(cfg), python  # `pipeline_config.PipelineConfig`
         self.dir = os.path.abspath(self.cfg.run_dir)
+        self.layout = RunLayout(self.dir)  # where each of the run's files lies
         self._servers: dict[tuple, object] = {}  # kept servers (`ManagedServer`), by model path and settings
         self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
@@ -98,7 +100,7 @@ class Run:
             self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
     def path(self, *parts: str) -> str:
-        return os.path.join(self.dir, *parts)
+        return self.layout.path(*parts)
 
     @property
     def policy_init(self) -> str:
@@ -154,7 +156,7 @@ class Run:
         files, so the rerun does only what failed."""
         os.makedirs(self.path("logs"), exist_ok=True)
         cmd = [self.python, *command_line(module, settings, **kw)]
-        logfile = self.path("logs", f"{stage}.log")
+        logfile = self.layout.log(stage)
         reruns = self.cfg.serve.reruns_after_restart
         while True:
             restarts = self._restarts()
@@ -283,7 +285,7 @@ class Run:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.makedirs(self.path("logs"), exist_ok=True)
-        logfile = self.path("logs", f"{stage}.serve.log")
+        logfile = self.layout.log(f"{stage}.serve")
         try:
             cmd = server_command(settings, model, port, self.python, lora_rank=lora_rank)
             server = ManagedServer(cmd, port, logfile, env=self.env, cwd=ROOT,
@@ -311,7 +313,7 @@ class Run:
 
 
 def _marker(run: Run, stage: Stage) -> str:
-    return run.path("stages", f"{stage.name}.json")
+    return run.layout.marker(stage.name)
 
 
 def run_pipeline(cfg, stages: Sequence[Stage], *, only: str | None = None, start: str | None = None,
@@ -325,7 +327,7 @@ def run_pipeline(cfg, stages: Sequence[Stage], *, only: str | None = None, start
             raise StageError(f"unknown stage {name!r}; the stages are {', '.join(names)}")
     run = Run(cfg, python)
     os.makedirs(run.dir, exist_ok=True)
-    write_json(run.path("config.json"), json.loads(run.cfg.to_config_dict().to_json()))
+    write_json(run.layout.config, json.loads(run.cfg.to_config_dict().to_json()))
     if chosen:
         selected = [stage for stage in stages if stage.name in chosen]
     else:

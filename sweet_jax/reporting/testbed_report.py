@@ -1,4 +1,4 @@
-"""The credit-assignment testbed's part of a run's report (`sweet.reporting.write_report` on a testbed run) and of
+"""The credit-assignment testbed's part of a run's report (`reporting.run_report.write_report` on a testbed run) and of
 the seeds' `seeds.md`: every judge against the ground truth (the diagnostics stage's eval/critic_diagnostics.json)
 as a table and a plot (`critic_diagnostics.png`), the critics under both ranking references (the judges stage's
 eval/judges.json), and every evaluated policy turn by turn against the optimum (eval/policy_diagnostics.json).
@@ -11,6 +11,7 @@ import json
 import os
 
 from sweet_jax.files.atomic import atomic_file
+from sweet_jax.runs.run_layout import RunLayout, report_file
 
 # the evaluation stages of a testbed run, by the method they measure, in table order
 TESTBED_METHODS = {"test_zero_shot": "Zero-shot", "test_rft": "Rejection fine-tuning", "test_mtdpo": "Multi-turn DPO",
@@ -38,7 +39,7 @@ def _cell(values: list[float | None], scale: float = 1.0, digits: int = 2) -> st
 
 
 def _critics(run_dirs: list[str]) -> list[dict]:
-    return [d for d in (_read(os.path.join(r, "eval", "critic_diagnostics.json")) for r in run_dirs) if d]
+    return [d for d in (_read(RunLayout(r).evaluation("critic_diagnostics")) for r in run_dirs) if d]
 
 
 def judges_section(runs: list[dict]) -> list[str]:
@@ -114,7 +115,7 @@ def judges_plot(runs: list[dict], out: str) -> list[str]:
     ax.set_title("judges against Q* on held-out states" + (f" ({len(runs)} runs)" if len(runs) > 1 else ""))
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3, axis="y")
-    path = os.path.join(out, "critic_diagnostics.png")
+    path = report_file(out, "critic_diagnostics.png")
     with atomic_file(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -125,7 +126,7 @@ def policies_section(run_dirs: list[str]) -> list[str]:
     """Each evaluated policy turn by turn against the optimum: the share of its actions that were optimal (by Q*),
     that asked about a term the task uses, that wasted a turn (a term it does not use, one already told, the vague
     question); its answers' form and copying; success after each opening; regret against the optimal policy."""
-    runs = [d for d in (_read(os.path.join(r, "eval", "policy_diagnostics.json")) for r in run_dirs) if d]
+    runs = [d for d in (_read(RunLayout(r).evaluation("policy_diagnostics")) for r in run_dirs) if d]
     if not runs:
         return []
     pct = lambda values: _cell(values, 100, 0)  # noqa: E731
@@ -168,7 +169,7 @@ def policies_section(run_dirs: list[str]) -> list[str]:
 
 def _judged_runs(run_dirs: list[str]) -> list[dict]:
     """The runs' eval/judges.json (the judges stage's), those that have one."""
-    return [d for d in (_read(os.path.join(r, "eval", "judges.json")) for r in run_dirs) if d]
+    return [d for d in (_read(RunLayout(r).evaluation("judges")) for r in run_dirs) if d]
 
 
 def _by_kind(judged: dict, kind: str, measure: str) -> float | None:
