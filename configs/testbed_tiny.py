@@ -6,15 +6,9 @@ Polynomial tasks with 4 hidden coefficients, each used with probability 0.5 and 
 data-collecting policy 24.3%, the uniform random policy 4.7% (`testbed_domain.expected_success`).
 """
 
-import ml_collections
+from sweet_jax.colbench.testbed_config import TestbedConfig
 
 
 def get_config():
-    c = ml_collections.ConfigDict()
-    c.run_dir = "runs/testbed_tiny"
-    c.seed = 0
-    c.episodes = 400  # per policy for `testbed oracle` / `random`: a standard error of 2.5 points at 50%
-    c.testbed = ml_collections.ConfigDict(dict(
-        details=4, values=3, budget=2, p_use=0.5, cue_noise=0.2, outcome_noise=0.1,
-        collector=dict(p_answer=0.2, p_vague=0.1, cue_weight=3.0, p_guess=0.5)))
-    return c
+    """The testbed's default setting: the schema's defaults (`sweet_jax.colbench.testbed_config`)."""
+    return TestbedConfig().to_config_dict()

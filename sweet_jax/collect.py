@@ -20,7 +20,9 @@ FLAGS = flags.FLAGS
 def main(argv) -> int:
     from sweet_jax.colbench.collection import collect
 
-    cfg = require_config(FLAGS.config, "configs/collect_backend.py")
+    from sweet_jax.colbench.collect_config import CollectConfig
+
+    cfg = require_config(FLAGS.config, "configs/collect_backend.py", CollectConfig)
     embed = None
     if cfg.task_type == "frontend" and cfg.clip:
         from sweet_jax.models.clip import image_embedder  # JAX: the colbench package itself imports none

@@ -22,10 +22,13 @@ DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def _schemas() -> dict:
     """{the key that marks such a config: its loader}: every typed config kind."""
+    from sweet_jax.colbench.collect_config import CollectConfig
+    from sweet_jax.colbench.testbed_config import TestbedConfig
     from sweet_jax.runs.pipeline_config import load_pipeline_config
     from sweet_jax.training.job_config import JobConfig
 
-    return {"objective": JobConfig, "run_dir": load_pipeline_config}
+    return {"objective": JobConfig, "agent": CollectConfig, "episodes": TestbedConfig,
+            "run_dir": load_pipeline_config}
 
 
 def reference() -> str:
@@ -47,7 +50,15 @@ def reference() -> str:
             parts += [f"### {track} (`{schema.__name__}`)", "", reference_markdown(schema), ""]
         else:
             parts += [f"### {track} (`{schema.__name__}`): the settings of `{parent.__name__}`"
-                      + (", and" if added else ""), ""] + ([reference_markdown(schema, only=added), ""] if added else [])
+                      + (", and" if added else ""), ""]
+            parts += [reference_markdown(schema, only=added), ""] if added else []
+    from sweet_jax.colbench.collect_config import CollectConfig
+    from sweet_jax.colbench.testbed_config import TestbedConfig
+
+    parts += ["## Collection jobs (`python -m sweet_jax.collect`)", "",
+              "`sweet_jax.colbench.collect_config.CollectConfig`", "", reference_markdown(CollectConfig), "",
+              "## The testbed command (`python -m sweet_jax.testbed`)", "",
+              "`sweet_jax.colbench.testbed_config.TestbedConfig`", "", reference_markdown(TestbedConfig), ""]
     return "\n".join(parts)
 
 
@@ -76,7 +87,7 @@ def main(argv) -> int:
             print(show(require_config(config, "", schema)))
             return 0
     print(f"error: {config_flags.get_config_filename(FLAGS['config'])}: no typed schema for this kind of config yet "
-          f"(typed: training jobs and pipelines)", file=sys.stderr)
+          f"(typed: training jobs, pipelines, collection jobs and the testbed command)", file=sys.stderr)
     return 2
 
 

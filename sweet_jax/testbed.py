@@ -67,6 +67,7 @@ def _measure_models(command: str, settings, seed: int) -> int:
 
 
 def main(argv) -> int:
+    from sweet_jax.colbench.testbed_config import TestbedConfig
     from sweet_jax.colbench.testbed_diagnostics import measure
     from sweet_jax.colbench.testbed_domain import TestbedSettings
 
@@ -74,11 +75,12 @@ def main(argv) -> int:
         print(f"error: bad command line: expected one of {', '.join((*POLICIES, *MEASURES))}, e.g. `python -m "
               f"sweet_jax.testbed oracle --config configs/testbed_tiny.py`", file=sys.stderr)
         return 2
-    cfg = require_config(FLAGS.config, "configs/testbed_tiny.py")
-    settings = TestbedSettings.from_config(json.loads(FLAGS.settings) if FLAGS.settings else cfg.testbed)
+    cfg = require_config(FLAGS.config, "configs/testbed_tiny.py", TestbedConfig)
+    settings = TestbedSettings.from_config(json.loads(FLAGS.settings)) if FLAGS.settings else (
+        cfg.testbed.domain_settings())
     if FLAGS.budget is not None:
         settings = dataclasses.replace(settings, budget=FLAGS.budget)
-    seed = cfg.get("seed", 0) if FLAGS.seed is None else FLAGS.seed
+    seed = cfg.seed if FLAGS.seed is None else FLAGS.seed
     if argv[1] in MEASURES:
         return _measure_models(argv[1], settings, seed)
     episodes = cfg.episodes if FLAGS.episodes is None else FLAGS.episodes

@@ -219,3 +219,23 @@ def test_frontend_conversations_render_pages_and_score_them(tmp_path):
         else:
             assert rec["reward"] < 0.99
     assert summary["mean_similarity"] == pytest.approx(sum(r["reward"] for r in records) / 6)
+
+
+def test_a_bad_collection_config_is_refused_before_any_request(tmp_path):
+    """The collection schema (`colbench.collect_config`): a bad choice and a misspelt field are refused when the config
+    loads, naming the field and the rule, and the job writes nothing."""
+    from sweet_jax.cli.schema import SchemaError
+
+    out = tmp_path / "out.jsonl"
+    cfg = _config("http://127.0.0.1:9/v1", out)
+    cfg.agent.api = "completion"
+    with pytest.raises(SchemaError, match="field 'agent.api': input should be 'completions' or 'chat', got "
+                                          "'completion'"):
+        collect(cfg, progress=False)
+    cfg = _config("http://127.0.0.1:9/v1", out)
+    with cfg.unlocked():
+        cfg.simulator.max_token = 64
+    with pytest.raises(SchemaError, match="field 'simulator.max_token': unknown field; the closest known fields: "
+                                          "simulator.max_tokens"):
+        collect(cfg, progress=False)
+    assert not out.exists() and not os.path.exists(str(out) + ".partial")

@@ -158,6 +158,11 @@ def test_the_command_prints_measured_and_computed(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sweet_jax.testbed", "oracel", "--config", "configs/testbed_tiny.py"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "oracle, random, collector" in bad.stderr
+    # the testbed's schema (`colbench.testbed_config`): a setting out of the domain's range, refused at load
+    bad = subprocess.run([sys.executable, "-m", "sweet_jax.testbed", "oracle", "--config", "configs/testbed_tiny.py",
+                          "--config.testbed.cue_noise=1.5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert "field 'testbed': testbed settings out of range: cue_noise=1.5" in bad.stderr
 
 
 def _scored(s, policy, episodes, seed):

@@ -27,6 +27,7 @@ import os
 import time
 
 from sweet_jax.colbench.client import LLMClient, png_data_url
+from sweet_jax.colbench.collect_config import CollectConfig
 from sweet_jax.colbench.env import BackendEpisode, FrontendEpisode
 from sweet_jax.colbench.rollout import AgentSampling, SimulatorSampling, run_episode
 from sweet_jax.colbench.task_sets import load_tasks
@@ -72,7 +73,7 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
         from sweet_jax.colbench.render_cache import RenderCache
         from sweet_jax.colbench.similarity import Similarity
 
-        renderer = RenderCache(os.path.abspath(cfg.output + ".images"), workers=cfg.get("render_workers", 2))
+        renderer = RenderCache(os.path.abspath(cfg.output + ".images"), workers=cfg.render_workers)
         if cfg.evaluate:
             if cfg.clip and embed is None:
                 raise ValueError("clip: the CLIP metric needs an image embedder (sweet_jax.collect builds it)")
@@ -107,7 +108,7 @@ async def _collect(cfg, tasks, todo, appender, done, progress, embed) -> list[tu
                                                       png_data_url, cfg.max_steps)
                 else:
                     episode = BackendEpisode(task, max_steps=cfg.max_steps)
-                seed = None if cfg.get("seed") is None else cfg.seed + 1_000_003 * key[0] + 1_009 * key[1]
+                seed = None if cfg.seed is None else cfg.seed + 1_000_003 * key[0] + 1_009 * key[1]
                 rec = await run_episode(episode, agent, simulator, agent_sampling, simulator_sampling, seed)
             except Exception as e:  # retries exhausted, or a non-retryable API error
                 failed.append((key, f"{type(e).__name__}: {e}"))
@@ -161,8 +162,10 @@ def summarize(records: list[dict], rollouts: int, task_type: str = "backend") ->
 
 
 def collect(cfg, progress: bool = True, embed=None) -> dict:
-    """Run (or resume) the collection job `cfg` (see configs/collect_backend.py). Returns a summary with `failed`.
-    embed: the CLIP image embedder for a frontend job with `clip` set (`sweet_jax.models.clip.image_embedder`)."""
+    """Run (or resume) the collection job `cfg` (a `collect_config.CollectConfig`, or a config file's ConfigDict,
+    validated first; see configs/collect_backend.py). Returns a summary with `failed`. embed: the CLIP image embedder
+    for a frontend job with `clip` set (`sweet_jax.models.clip.image_embedder`)."""
+    cfg = CollectConfig.load(cfg)
     tasks = load_tasks(cfg.tasks, cfg.task_type, cfg.limit or None)
     n, k = len(tasks), int(cfg.rollouts)
     if os.path.exists(cfg.output):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import model_validator
 
 from sweet_jax.cli.schema import SchemaError, Section, section, setting
-from sweet_jax.colbench import testbed_domain as domain
+from sweet_jax.colbench.testbed_config import TestbedSection
 from sweet_jax.inference.backends import BACKENDS
 
 TASK_TYPES = ("backend", "frontend", "testbed", "testbed_base")
@@ -260,39 +260,6 @@ class FrontendPipelineConfig(PipelineConfig):
                                                                           "screenshot")
 
 
-class CollectorSettings(Section):
-    p_answer: float = setting(domain.CollectorSettings.p_answer, "before its last turn, it answers at once")
-    p_vague: float = setting(domain.CollectorSettings.p_vague, "it asks the vague question")
-    cue_weight: float = setting(domain.CollectorSettings.cue_weight, "a cued term is this many times as likely to "
-                                                                      "be asked about as an uncued one")
-    p_guess: float = setting(domain.CollectorSettings.p_guess, "its answer guesses a cued term it was not told")
-
-
-class TestbedSettings(Section):
-    """`colbench.testbed_domain.TestbedSettings`, whose defaults and ranges these are."""
-
-    details: int = setting(domain.TestbedSettings.details, "hidden coefficients per task (terms of degree 0 .. "
-                                                           "details - 1)")
-    values: int = setting(domain.TestbedSettings.values, "the nonzero coefficients a used term draws from")
-    budget: int = setting(domain.TestbedSettings.budget, "questions before the answer")
-    p_use: float = setting(domain.TestbedSettings.p_use, "the prior probability that a task uses each term")
-    cue_noise: float = setting(domain.TestbedSettings.cue_noise, "the probability that the request's cue of a term "
-                                                                 "is flipped")
-    outcome_noise: float = setting(domain.TestbedSettings.outcome_noise, "the probability that a collected "
-                                                                         "trajectory's recorded reward is flipped")
-    tell_budget: bool = setting(domain.TestbedSettings.tell_budget, "the request says how many questions the human "
-                                                                    "answers (one agent for every budget)")
-    collector: CollectorSettings = section(CollectorSettings, "the scripted data-collecting policy")
-
-    @model_validator(mode="after")
-    def _check(self):
-        self.domain_settings()  # the domain's range checks
-        return self
-
-    def domain_settings(self) -> domain.TestbedSettings:
-        return domain.TestbedSettings.from_config(self.to_dict())
-
-
 class BaseSettings(Section):
     config: str = setting("", "the shared base's pipeline config (built once); empty: a base of this run's own")
     run_dir: str = setting("", "the shared base's run directory")
@@ -311,7 +278,7 @@ class TestbedPipelineConfig(PipelineConfig):
 
     task_type: Literal[TASK_TYPES] = setting("testbed", "the track")
 
-    testbed: TestbedSettings = section(TestbedSettings, "the testbed's setting (`colbench.testbed_domain`)")
+    testbed: TestbedSection = section(TestbedSection, "the testbed's setting (`colbench.testbed_domain`)")
     base: BaseSettings = section(BaseSettings, "the shared base every seed starts from")
     judges: bool = setting(True, "the judges stage: both ranking references against the exact values")
     drop: tuple[str, ...] = setting((), "stages this run leaves out")
