@@ -54,7 +54,7 @@ def stage_data(run: Run) -> dict:
         from sweet_jax.colbench import synthetic
         from sweet_jax.files.jsonl import write_jsonl
 
-        out = run.path("data", "train_trajectories.jsonl")
+        out = run.trajectories
         s = d.synthetic
         synthetic.write_dataset(out, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
         rng = random.Random(s.seed + 1)  # held-out tasks for the test stage

@@ -99,14 +99,14 @@ def stage_rank_vision(run: Run) -> dict:
     from sweet_jax.ranking.vision_critic import RankVisionSettings
 
     run.job("rank_vision", "best_of_n", RankVisionSettings(
-        critic=run.layout.export("critic_vision"), input=run.path("bon", "sampled.jsonl"),
-        output=run.path("bon", "ranked_vision.jsonl"), render_workers=run.cfg.collect.render_workers),
+        critic=run.layout.export("critic_vision"), input=run.layout.candidates("sampled"),
+        output=run.layout.candidates("ranked_vision"), render_workers=run.cfg.collect.render_workers),
         subcommand="rank_vision")
-    return {"states": sum(1 for _ in open(run.path("bon", "ranked_vision.jsonl")))}
+    return {"states": sum(1 for _ in open(run.layout.candidates("ranked_vision")))}
 
 
 def stage_policy_vision(run: Run) -> dict:
-    return train(run, "policy_vision", run.cfg.policy.config, run.path("bon", "ranked_vision.jsonl"),
+    return train(run, "policy_vision", run.cfg.policy.config, run.layout.candidates("ranked_vision"),
                   (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
 

@@ -127,16 +127,16 @@ def stage_sample(run: Run) -> dict:
     b = run.cfg.best_of_n
     with _maybe_served(run, "sample", run.policy_init, "sample") as url:
         run.job("sample", "best_of_n", candidates.SampleSettings(
-            model=run.policy_init, input=run.path("data", "train_trajectories.jsonl"),
-            output=run.path("bon", "sampled.jsonl"), data_fraction=b.data_fraction, n=b.n,
+            model=run.policy_init, input=run.trajectories,
+            output=run.layout.candidates("sampled"), data_fraction=b.data_fraction, n=b.n,
             temperature=b.temperature, max_tokens=b.max_tokens, batch=b.batch, base_url=url,
             mesh=run.backend("sample").mesh or None), subcommand="sample")
-    return {"states": sum(1 for _ in open(run.path("bon", "sampled.jsonl")))}
+    return {"states": sum(1 for _ in open(run.layout.candidates("sampled")))}
 
 
 def stage_rank(run: Run) -> dict:
     r = run.cfg.rank
-    return rank_candidates(run, "rank", run.layout.export("critic"), run.path("bon", "ranked.jsonl"),
+    return rank_candidates(run, "rank", run.layout.export("critic"), run.layout.candidates("ranked"),
                            use_sum=bool(r.use_sum), no_info=bool(r.no_info))
 
 
@@ -149,7 +149,7 @@ def rank_candidates(run: Run, stage: str, critic: str, output: str, *, use_sum: 
     with (_maybe_served(run, stage, critic, "rank") as critic_url,
           _maybe_served(run, stage + "_reference", reference, "reference") as reference_url):
         run.job(stage, "best_of_n", candidates.RankSettings(
-            critic=critic, input=run.path("bon", "sampled.jsonl"), output=output, reference=r.reference,
+            critic=critic, input=run.layout.candidates("sampled"), output=output, reference=r.reference,
             reference_model=reference, use_sum=use_sum, no_info=no_info, no_header=bool(r.no_header),
             critic_url=critic_url, reference_url=reference_url, mesh=run.backend("rank").mesh or None),
             subcommand="rank")
@@ -158,13 +158,13 @@ def rank_candidates(run: Run, stage: str, critic: str, output: str, *, use_sum: 
 
 def stage_pairs(run: Run) -> dict:
     run.job("pairs", "best_of_n", candidates.PairsSettings(
-        input=run.path("bon", "ranked.jsonl"), output=run.path("bon", "pairs.jsonl"),
+        input=run.layout.candidates("ranked"), output=run.layout.candidates("pairs"),
         num_pairs=run.cfg.pairs.num_pairs, no_prompt=True), subcommand="pairs")
-    return {"pairs": sum(1 for _ in open(run.path("bon", "pairs.jsonl")))}
+    return {"pairs": sum(1 for _ in open(run.layout.candidates("pairs")))}
 
 
 def stage_policy(run: Run) -> dict:
-    return train(run, "policy", run.cfg.policy.config, run.path("bon", "ranked.jsonl"),
+    return train(run, "policy", run.cfg.policy.config, run.layout.candidates("ranked"),
                   (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
 
@@ -219,7 +219,7 @@ def best_of_n_eval(run: Run) -> bool:
 
 def stage_collected_data(run: Run) -> dict:
     """The offline trajectories on the train tasks, collected by the initial policy against the simulator."""
-    summary = collect(run, "data", run.train_tasks, run.path("data", "train_trajectories.jsonl"), run.policy_init,
+    summary = collect(run, "data", run.train_tasks, run.trajectories, run.policy_init,
                       run.cfg.collect.rollouts)
     if run.generated_tasks:
         return {"source": f"SYNTHETIC {run.cfg.tasks.kind} domain (not ColBench)", **summary}

@@ -150,10 +150,10 @@ def stage_judges(run: Run) -> dict:
     runs) the critic without the information."""
     critics = [("critic", "critic")] + ([("critic w/o information", "critic_no_info")]
                                         if kept("critic_no_info")(run) else [])
-    out = run.path("eval", "judges.json")
+    out = run.layout.evaluation("judges")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     j = measure_job(run, "judges", "judges", out, f"--model={run.policy_init}", f"--tasks={run.test_tasks}",
-                    *(f"--critic={name}={run.path(stage, 'hf')}" for name, stage in critics),
+                    *(f"--critic={name}={run.layout.export(stage)}" for name, stage in critics),
                     "--no_info=critic w/o information")
     return {name: {group: d["optimal"]["by_kind"].get(group, {}).get("rank_correlation")
                    for group in ("question", "answer")} for name, d in j["judges"].items()}
@@ -171,7 +171,7 @@ def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
     ranked = f"bon/ranked_{suffix}.jsonl"
 
     def rank(run: Run) -> dict:
-        return rank_candidates(run, f"rank_{suffix}", run.path(critic, "hf"), run.path(ranked), use_sum=use_sum,
+        return rank_candidates(run, f"rank_{suffix}", run.layout.export(critic), run.path(ranked), use_sum=use_sum,
                                no_info=no_info)
 
     def policy(run: Run) -> dict:
@@ -181,7 +181,7 @@ def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
     return (Stage(f"rank_{suffix}", ("bon/sampled.jsonl", f"{critic}/hf"), (ranked,), rank, after=("sample", critic)),
             Stage(f"policy_{suffix}", (ranked,), (f"policy_{suffix}/hf",), policy, after=(f"rank_{suffix}",)),
             Stage(f"test_{suffix}", (f"policy_{suffix}/hf",), (f"eval/test_{suffix}_trajectories.jsonl",),
-                  lambda run: evaluate_policy(run, f"test_{suffix}", run.path(f"policy_{suffix}", "hf")),
+                  lambda run: evaluate_policy(run, f"test_{suffix}", run.layout.export(f"policy_{suffix}")),
                   after=(f"policy_{suffix}",)))
 
 
@@ -206,7 +206,7 @@ def stage_diagnostics(run: Run) -> dict:
         critics = {name: {"optimal": judge_diagnostics(states),
                           "collector": judge_diagnostics([{**st, "truth": st["truth_collector"]} for st in states])}
                    for name, states in judged.items()}
-        write_json(run.path("eval", "critic_diagnostics.json"), critics)
+        write_json(run.layout.evaluation("critic_diagnostics"), critics)
         out["critic_rank_correlation"] = {name: d["optimal"]["rank_correlation"] for name, d in critics.items()}
     policies = {}
     for name in sorted(os.listdir(run.path("eval"))):
@@ -215,7 +215,7 @@ def stage_diagnostics(run: Run) -> dict:
     if not policies and "critic_rank_correlation" not in out:
         raise StageError(f"stage 'diagnostics': nothing to diagnose in {run.path('eval')}: no best-of-N states and "
                          f"no evaluated policy")
-    write_json(run.path("eval", "policy_diagnostics.json"), policies)
+    write_json(run.layout.evaluation("policy_diagnostics"), policies)
     out["regret"] = {name: d["regret"] for name, d in policies.items()}
     return out
 

@@ -48,6 +48,10 @@ class RunLayout:
         """A training stage's model as an HF checkpoint."""
         return self.path(stage, "hf")
 
+    def candidates(self, name: str) -> str:
+        """The actor's candidates: sampled, ranked (by the critic; ranked_vision: by the vision critic), pairs."""
+        return self.path("bon", f"{name}.jsonl")
+
     def episodes(self, stage: str) -> str:
         """An evaluation stage's episodes on the test tasks."""
         return self.path("eval", f"{stage}_trajectories.jsonl")
