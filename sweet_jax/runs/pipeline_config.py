@@ -100,7 +100,7 @@ class TestSettings(Section):
 class ServingSettings(Section):
     max_model_len: int = setting(2048, "the servers' context length")
     max_batch: int = setting(16, "the project engine's decode slots")
-    start_timeout_s: int = setting(300, "seconds a server may take to start")
+    start_timeout_s: float = setting(300.0, "seconds a server may take to start")
     keep: bool = setting(False, "a server stays up for every later stage that serves the same model")
     release_for_training: bool = setting(False, "kept servers stop while a training stage runs (jobs = 1)")
     reruns_after_restart: int = setting(2, "a job that failed while a server it used was restarted runs again "
