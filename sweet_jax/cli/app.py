@@ -184,7 +184,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 def _unknown_config_field(argv: list[str], name: str = "config") -> str | None:
     """For a `--config.a.b=v` override that names no field of the job config: the message that says so and lists
     the config's closest fields; None when every override names a field (the error was something else)."""
-    import difflib
+    from sweet_jax.cli.schema import nearest
 
     path = next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
     if path is None and f"--{name}" in argv[:-1]:
@@ -203,14 +203,8 @@ def _unknown_config_field(argv: list[str], name: str = "config") -> str | None:
         field = m.split(".", 1)[1]
         if field in fields or any(f.startswith(field + ".") for f in fields) or "[" in field:
             continue
-        leaf = field.rsplit(".", 1)[-1]
-
-        def closeness(known: str) -> float:
-            return max(difflib.SequenceMatcher(None, field, known).ratio(),
-                       difflib.SequenceMatcher(None, leaf, known.rsplit(".", 1)[-1]).ratio())
-
         leaves = [f for f, value in fields.items() if not _is_section(value)]
-        near = sorted((f for f in leaves if closeness(f) >= 0.5), key=lambda f: (-closeness(f), f))[:3]
+        near = nearest(field, leaves)
         hint = f"; the closest known fields: {', '.join(near)}" if near else ""
         return f"unknown config field {field!r} (--{name}.{field}) in {path}{hint}"
     return None

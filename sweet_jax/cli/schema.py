@@ -122,13 +122,19 @@ def _plain(values):
 
 
 # ------------------------------------------------------------------------------------------------ messages
-def field_names(cls: type[Section], prefix: str = "") -> list[str]:
-    """Every dotted setting name of a section class, nested sections flattened."""
-    out = []
+def _leaves(cls: type[Section], prefix: str = ""):
+    """(dotted name, field info) of every setting of a section class, nested sections flattened."""
     for name, info in cls.model_fields.items():
         sub = _section_type(info.annotation)
-        out += field_names(sub, f"{prefix}{name}.") if sub else [prefix + name]
-    return out
+        if sub:
+            yield from _leaves(sub, f"{prefix}{name}.")
+        else:
+            yield prefix + name, info
+
+
+def field_names(cls: type[Section], prefix: str = "") -> list[str]:
+    """Every dotted setting name of a section class, nested sections flattened."""
+    return [name for name, _ in _leaves(cls, prefix)]
 
 
 def _section_type(annotation):
@@ -220,17 +226,7 @@ def reference_markdown(cls: type[Section], prefix: str = "", only: tuple[str, ..
 
 def show(config: Section) -> str:
     """The resolved config, one `name = value  # meaning` line per setting, defaults included."""
-    meanings = {}
-
-    def walk(c: type[Section], p: str) -> None:
-        for name, info in c.model_fields.items():
-            sub = _section_type(info.annotation)
-            if sub:
-                walk(sub, f"{p}{name}.")
-            else:
-                meanings[p + name] = info.description or ""
-
-    walk(type(config), "")
+    meanings = {name: info.description or "" for name, info in _leaves(type(config))}
     lines = [f"{k} = {json.dumps(v)}" for k, v in config.dotted()]
     width = min(56, max(map(len, lines)))
     return "\n".join(line.ljust(width) + (f"  # {meanings[k]}" if meanings[k] else "")

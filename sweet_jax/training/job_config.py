@@ -17,7 +17,7 @@ from sweet_jax.cli.schema import Section, section, setting
 from sweet_jax.models.model_configs import DTYPES
 from sweet_jax.models.settings import AdapterSettings, ModelSettings
 from sweet_jax.parallel import sharding
-from sweet_jax.training.objective_registry import NAMES, objective
+from sweet_jax.training.objective_registry import EXAMPLE_KINDS, NAMES, objective
 from sweet_jax.training.splits import KINDS as DATA_KINDS
 
 
@@ -147,7 +147,7 @@ class JobConfig(Section):
     def _check(self):
         spec = objective(self.objective)
         if self.data.kind not in spec.data_kinds:
-            other = "pairs" if self.data.kind not in ("rft", "turn_values") else "single examples"
+            other = "single examples" if self.data.kind in EXAMPLE_KINDS else "pairs"
             raise ValueError(f"objective {spec.name!r} trains on {spec.unit} of data.kind "
                              f"{' or '.join(map(repr, spec.data_kinds))}, but data.kind={self.data.kind!r} gives "
                              f"{other}")

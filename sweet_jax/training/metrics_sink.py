@@ -54,11 +54,8 @@ class MetricsSink:
     def final(self, metrics: dict) -> None:
         """The final held-out metrics; closes the files."""
         log.info("final held-out metrics: %s", {k: round(v, 4) for k, v in metrics.items()})
+        self._record("eval", self.total, metrics)
         if self.lines:
-            self.lines.write(json.dumps({"split": "eval", "step": self.total, **metrics}) + "\n")
-            self.lines.flush()
             self.lines.close()
         if self.writer:
-            for k, v in metrics.items():
-                self.writer.add_scalar(f"eval/{k}", v, self.total)
             self.writer.close()
