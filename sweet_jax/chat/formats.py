@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -118,6 +118,7 @@ class ChatFormat(abc.ABC):
 
 
 _FORMATS: dict[str, ChatFormat] = {}
+_MAKERS: dict[str, Callable[[], ChatFormat]] = {}  # formats made when first asked for (see `register_maker`)
 
 
 def register(fmt: ChatFormat) -> ChatFormat:
@@ -125,13 +126,21 @@ def register(fmt: ChatFormat) -> ChatFormat:
     return fmt
 
 
+def register_maker(name: str, make: Callable[[], ChatFormat]) -> None:
+    """Register the format `name`, made by `make()` when first asked for: a Jinja template's format renders its
+    template to find the turns, which imports transformers, so importing the chat package does not."""
+    _MAKERS[name] = make
+
+
 def get_format(name: str | None = None) -> ChatFormat:
     """The registered chat format `name` (default `DEFAULT_FORMAT`)."""
     name = name or DEFAULT_FORMAT
+    if name not in _FORMATS and name in _MAKERS:
+        register(_MAKERS.pop(name)())
     if name not in _FORMATS:
-        raise ValueError(f"unknown chat format {name!r}; the formats are {', '.join(sorted(_FORMATS))}")
+        raise ValueError(f"unknown chat format {name!r}; the formats are {', '.join(format_names())}")
     return _FORMATS[name]
 
 
 def format_names() -> tuple[str, ...]:
-    return tuple(sorted(_FORMATS))
+    return tuple(sorted({*_FORMATS, *_MAKERS}))

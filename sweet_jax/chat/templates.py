@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from sweet_jax.chat.formats import (NO_ROLE, ROLE_IDS, ChatFormat, Messages, RenderedChat, SegmentedChat,
-                                    TokenizedFormat, get_format, register)
+                                    TokenizedFormat, get_format, register_maker)
 
 __all__ = ["CHATML_TEMPLATE", "VISION_CHATML_TEMPLATE", "VISION_SPECIAL_TOKENS", "TemplateChatFormat",
            "TemplateTokenizedFormat", "format_for", "vision_chatml_tokenizer"]
@@ -292,5 +292,5 @@ def format_for(tokenizer, name: str | None = None, default: str | None = None) -
     return get_format(name or default)
 
 
-CHATML = register(TemplateChatFormat(CHATML_TEMPLATE, special_tokens=("<|im_start|>", "<|im_end|>"), name="chatml",
-                                     source="the ChatML chat format"))
+register_maker("chatml", lambda: TemplateChatFormat(CHATML_TEMPLATE, special_tokens=("<|im_start|>", "<|im_end|>"),
+                                                    name="chatml", source="the ChatML chat format"))

@@ -33,13 +33,14 @@ from sweet_jax.pipelines.shared_stages import (ABLATIONS, BASELINES, CRITIC, INI
                                            best_of_n_eval, rewards, stage_collected_data, text_best_of_n,
                                            with_report)
 from sweet_jax.pipelines.stage_runner import Run, Stage, StageError
+from sweet_jax.runs.run_layout import RELATIVE as rel
 
 
 def stage_tasks(run: Run) -> dict:
     from sweet_jax.colbench import synthetic
 
     t = run.cfg.tasks  # the schema checks tasks.kind is the ask domain
-    files = synthetic.write_ask_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
+    files = synthetic.write_ask_data(run.layout.task_dir, num_tasks=t.num_train, num_test_tasks=t.num_test,
                                      num_constants=t.num_constants, p_good=t.p_good, p_vague=t.p_vague, seed=t.seed)
     return {"source": "SYNTHETIC ask domain (not ColBench)", **files}
 
@@ -58,7 +59,7 @@ def stage_data(run: Run) -> dict:
         s = d.synthetic
         synthetic.write_dataset(out, s.num_tasks, s.rollouts, s.p_correct, s.seed, s.num_constants, s.compact)
         rng = random.Random(s.seed + 1)  # held-out tasks for the test stage
-        write_jsonl(run.path("data", "test_tasks.jsonl"),
+        write_jsonl(run.layout.data("test_tasks"),
                     [synthetic.make_task(rng, s.num_constants) for _ in range(s.num_test_tasks)])
         return {"source": "SYNTHETIC scripted collaborations (not ColBench)", **rewards(out)}
     if d.source != "collect":
@@ -68,14 +69,14 @@ def stage_data(run: Run) -> dict:
 
 STAGES = with_report((
     INIT,
-    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
+    Stage("tasks", (), (rel.tasks("train_tasks"), rel.tasks("test_tasks")), stage_tasks,
           enabled=lambda run: run.generated_tasks),
     PRETRAIN,
-    Stage("data", (), ("data/train_trajectories.jsonl",), stage_data, after=("init", "tasks", "pretrain")),
+    Stage("data", (), (rel.trajectories,), stage_data, after=("init", "tasks", "pretrain")),
     CRITIC,
     # critic ablations and the best-of-N evaluation (Figure 3a)
     *(ablation_stage(name) for name in ABLATIONS),
-    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), text_best_of_n, after=("critic", *ABLATIONS),
+    Stage("best_of_n", (rel.export("critic"),), (rel.best_of_n,), text_best_of_n, after=("critic", *ABLATIONS),
           enabled=best_of_n_eval),
     *SWEET_ACTOR,
     *BASELINES,

@@ -26,13 +26,14 @@ from sweet_jax.pipelines.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN
                                            best_of_n_eval, evaluate_policy, random_init, stage_collected_data, train,
                                            with_report)
 from sweet_jax.pipelines.stage_runner import IN_DRIVER, Run, Stage, StageError
+from sweet_jax.runs.run_layout import RELATIVE as rel
 
 
 def stage_tasks(run: Run) -> dict:
     from sweet_jax.colbench import synthetic_frontend
 
     t = run.cfg.tasks  # the schema checks tasks.kind is the design domain
-    files = synthetic_frontend.write_design_data(run.path("tasks"), num_tasks=t.num_train, num_test_tasks=t.num_test,
+    files = synthetic_frontend.write_design_data(run.layout.task_dir, num_tasks=t.num_train, num_test_tasks=t.num_test,
                                                  p_draft=t.p_good, p_question=t.p_vague, seed=t.seed)
     return {"source": "SYNTHETIC design domain (not ColBench)", **files}
 
@@ -76,13 +77,13 @@ def stage_vision_pairs(run: Run) -> dict:
         trajectories = list(read_trajectories(run.trajectories, streaming=False))
     out = {}
     for name, with_target in (("vision_pairs", True), ("vision_pairs_no_target", False)):
-        records = image_pair_records(trajectories, run.trajectories + ".images", run.path("data"),
+        records = image_pair_records(trajectories, run.layout.trajectory_screenshots, run.layout.data_dir,
                                      run.cfg.gt_pairs.min_gap, with_target=with_target)
         if not records:
             raise StageError(f"stage 'vision_pairs': no two rollouts of a task in {run.trajectories} differ by "
                              f"{run.cfg.gt_pairs.min_gap} or more")
         out[name] = len(records)
-        write_jsonl(run.path("data", f"{name}.jsonl"), records)
+        write_jsonl(run.layout.data(name), records)
     return out
 
 
@@ -90,7 +91,7 @@ def _critic_vision(stage: str, pairs: str):
     def run_stage(run: Run) -> dict:
         init = run.cfg.vision.critic_init or run.layout.export("vision_init")
         # a score-head critic (a new head on a vision-language model): trained in full, LoRA or not
-        return train(run, stage, run.cfg.vision.critic.config, run.path("data", pairs),
+        return train(run, stage, run.cfg.vision.critic.config, run.layout.data(pairs),
                       (*run.cfg.vision.critic.overrides, *getattr(run.cfg, stage).overrides), init=init, adapters=False)
     return run_stage
 
@@ -134,35 +135,34 @@ def stage_best_of_n(run: Run) -> dict:
 
 STAGES = with_report((
     INIT,
-    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl"), stage_tasks,
+    Stage("tasks", (), (rel.tasks("train_tasks"), rel.tasks("test_tasks")), stage_tasks,
           enabled=lambda run: run.generated_tasks),
     PRETRAIN,
-    Stage("data", (), ("data/train_trajectories.jsonl",), stage_collected_data, after=("init", "tasks", "pretrain")),
+    Stage("data", (), (rel.trajectories,), stage_collected_data, after=("init", "tasks", "pretrain")),
     # the official pair files (the backend's trainer forms its pairs from the trajectories itself)
-    Stage("gt_pairs", ("data/train_trajectories.jsonl",), ("data/critic_pairs.jsonl", "data/mtdpo_pairs.jsonl"),
+    Stage("gt_pairs", (rel.trajectories,), (rel.data("critic_pairs"), rel.data("mtdpo_pairs")),
           stage_gt_pairs, after=("data",)),
     CRITIC,
     # the vision-language critic
     Stage("vision_init", (), (), stage_vision_init),
-    Stage("vision_pairs", ("data/train_trajectories.jsonl",), ("data/vision_pairs.jsonl",
-                                                                "data/vision_pairs_no_target.jsonl"),
+    Stage("vision_pairs", (rel.trajectories,), (rel.data("vision_pairs"), rel.data("vision_pairs_no_target")),
           stage_vision_pairs, after=("data",)),
-    Stage("critic_vision", ("data/vision_pairs.jsonl",), ("critic_vision/hf",),
-          _critic_vision("critic_vision", "vision_pairs.jsonl"), after=("vision_init", "vision_pairs")),
+    Stage("critic_vision", (rel.data("vision_pairs"),), (rel.export("critic_vision"),),
+          _critic_vision("critic_vision", "vision_pairs"), after=("vision_init", "vision_pairs")),
     # the critic ablations and the best-of-N evaluation (Figure 3a)
     ablation_stage("critic_no_info"),
-    Stage("critic_vision_no_target", ("data/vision_pairs_no_target.jsonl",), ("critic_vision_no_target/hf",),
-          _critic_vision("critic_vision_no_target", "vision_pairs_no_target.jsonl"),
+    Stage("critic_vision_no_target", (rel.data("vision_pairs_no_target"),), (rel.export("critic_vision_no_target"),),
+          _critic_vision("critic_vision_no_target", "vision_pairs_no_target"),
           after=("vision_init", "vision_pairs"), enabled=best_of_n_eval),
-    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n,
+    Stage("best_of_n", (rel.export("critic"),), (rel.best_of_n,), stage_best_of_n,
           after=("critic", "critic_no_info", "critic_vision", "critic_vision_no_target"), enabled=best_of_n_eval),
     *SWEET_ACTOR,
     # the vision-language critic's ranking of the rendered candidates, and the actor it trains
-    Stage("rank_vision", ("bon/sampled.jsonl", "critic_vision/hf"), ("bon/ranked_vision.jsonl",), stage_rank_vision,
-          after=("sample", "critic_vision")),
-    Stage("policy_vision", ("bon/ranked_vision.jsonl",), ("policy_vision/hf",), stage_policy_vision,
+    Stage("rank_vision", (rel.candidates("sampled"), rel.export("critic_vision")), (rel.candidates("ranked_vision"),),
+          stage_rank_vision, after=("sample", "critic_vision")),
+    Stage("policy_vision", (rel.candidates("ranked_vision"),), (rel.export("policy_vision"),), stage_policy_vision,
           after=("rank_vision",)),
-    Stage("test_vision", ("policy_vision/hf",), ("eval/test_vision_trajectories.jsonl",),
+    Stage("test_vision", (rel.export("policy_vision"),), (rel.episodes("test_vision"),),
           lambda run: evaluate_policy(run, "test_vision", run.layout.export("policy_vision")), after=("policy_vision",)),
     *BASELINES,
 ))

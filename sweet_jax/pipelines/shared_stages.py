@@ -13,6 +13,7 @@ import os
 
 from sweet_jax.ranking import candidates, selection
 from sweet_jax.pipelines.stage_runner import ROOT, Run, Stage, StageError
+from sweet_jax.runs.run_layout import RELATIVE as rel
 
 ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
 
@@ -66,7 +67,7 @@ def stage_init(run: Run) -> dict:
 
 
 def stage_pretrain(run: Run) -> dict:
-    return train(run, "pretrain", run.cfg.pretrain.config, run.path("tasks", "pretrain.jsonl"),
+    return train(run, "pretrain", run.cfg.pretrain.config, run.layout.tasks("pretrain"),
                   run.cfg.pretrain.overrides, init=run.layout.export("init"), adapters=False)
 
 
@@ -87,11 +88,11 @@ def train(run: Run, stage: str, config: str, data: str, overrides, init: str | N
     run's LoRA settings unless not `adapters` (pre-training makes the base)."""
     if run.cfg.serve.release_for_training and run.cfg.jobs == 1:
         run.close()  # the kept servers hand the accelerators to the trainer
-    out = run.path(stage)
+    out = run.layout.stage_dir(stage)
     run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
         f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides,
         *(lora_overrides(run, overrides) if adapters else [])])
-    with open(os.path.join(out, "metrics.json")) as fh:
+    with open(run.layout.metrics(stage)) as fh:
         metrics = json.load(fh)
     return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
 
@@ -238,35 +239,36 @@ def _evaluation(stage: str, model):
 # The shared stages, for the tracks' lists. Every later stage uses the initial policy and the tasks, which `data`
 # itself waits for.
 INIT = Stage("init", (), (), stage_init)
-PRETRAIN = Stage("pretrain", ("tasks/pretrain.jsonl",), ("pretrain/hf",), stage_pretrain, after=("init", "tasks"),
-                 enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init)
-CRITIC = Stage("critic", ("data/train_trajectories.jsonl",), ("critic/hf",), stage_critic, after=("data", "gt_pairs"))
+PRETRAIN = Stage("pretrain", (rel.tasks("pretrain"),), (rel.export("pretrain"),), stage_pretrain,
+                 after=("init", "tasks"), enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init)
+CRITIC = Stage("critic", (rel.trajectories,), (rel.export("critic"),), stage_critic, after=("data", "gt_pairs"))
 SWEET_ACTOR = (
-    Stage("sample", ("data/train_trajectories.jsonl",), ("bon/sampled.jsonl",), stage_sample, after=("data",)),
-    Stage("rank", ("bon/sampled.jsonl", "critic/hf"), ("bon/ranked.jsonl",), stage_rank, after=("sample", "critic")),
-    Stage("pairs", ("bon/ranked.jsonl",), ("bon/pairs.jsonl",), stage_pairs, after=("rank",)),
-    Stage("policy", ("bon/ranked.jsonl",), ("policy/hf",), stage_policy, after=("rank",)),
-    Stage("test", ("policy/hf",), ("eval/test_trajectories.jsonl",), stage_test, after=("policy",)),
+    Stage("sample", (rel.trajectories,), (rel.candidates("sampled"),), stage_sample, after=("data",)),
+    Stage("rank", (rel.candidates("sampled"), rel.export("critic")), (rel.candidates("ranked"),), stage_rank,
+          after=("sample", "critic")),
+    Stage("pairs", (rel.candidates("ranked"),), (rel.candidates("pairs"),), stage_pairs, after=("rank",)),
+    Stage("policy", (rel.candidates("ranked"),), (rel.export("policy"),), stage_policy, after=("rank",)),
+    Stage("test", (rel.export("policy"),), (rel.episodes("test"),), stage_test, after=("policy",)),
 )
 # the baselines: the initial policy as it is, rejection fine-tuning and multi-turn DPO
 BASELINES = (
-    Stage("test_zero_shot", ("data/train_trajectories.jsonl",), ("eval/test_zero_shot_trajectories.jsonl",),
+    Stage("test_zero_shot", (rel.trajectories,), (rel.episodes("test_zero_shot"),),
           _evaluation("test_zero_shot", lambda run: run.policy_init), after=("data",)),
-    Stage("rft", ("data/train_trajectories.jsonl",), ("rft/hf",), stage_rft, after=("data",)),
-    Stage("test_rft", ("rft/hf",), ("eval/test_rft_trajectories.jsonl",),
+    Stage("rft", (rel.trajectories,), (rel.export("rft"),), stage_rft, after=("data",)),
+    Stage("test_rft", (rel.export("rft"),), (rel.episodes("test_rft"),),
           _evaluation("test_rft", lambda run: run.layout.export("rft")), after=("rft",)),
-    Stage("mtdpo", ("data/train_trajectories.jsonl",), ("mtdpo/hf",), stage_mtdpo, after=("data", "gt_pairs")),
-    Stage("test_mtdpo", ("mtdpo/hf",), ("eval/test_mtdpo_trajectories.jsonl",),
+    Stage("mtdpo", (rel.trajectories,), (rel.export("mtdpo"),), stage_mtdpo, after=("data", "gt_pairs")),
+    Stage("test_mtdpo", (rel.export("mtdpo"),), (rel.episodes("test_mtdpo"),),
           _evaluation("test_mtdpo", lambda run: run.layout.export("mtdpo")), after=("mtdpo",)),
 )
 
 
 def ablation_stage(name: str, enabled=best_of_n_eval) -> Stage:
     """A critic ablation's stage (run with the best-of-N evaluation)."""
-    return Stage(name, ("data/train_trajectories.jsonl",), (f"{name}/hf",), ablation(name), after=("data", "gt_pairs"),
+    return Stage(name, (rel.trajectories,), (rel.export(name),), ablation(name), after=("data", "gt_pairs"),
                  enabled=enabled)
 
 
 def with_report(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     """A track's stages and, last, the report, after all of them."""
-    return (*stages, Stage("report", (), ("report/report.md",), stage_report, after=tuple(s.name for s in stages)))
+    return (*stages, Stage("report", (), (rel.report_page,), stage_report, after=tuple(s.name for s in stages)))

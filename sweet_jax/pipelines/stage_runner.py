@@ -96,7 +96,7 @@ class Run:
         # one architecture) compile them once. A JAX_COMPILATION_CACHE_DIR already set wins.
         self.env = dict(os.environ)
         if self.cfg.compile_cache:
-            self.env.setdefault("JAX_COMPILATION_CACHE_DIR", self.path("jax_cache"))
+            self.env.setdefault("JAX_COMPILATION_CACHE_DIR", self.layout.jax_cache)
             self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
     def path(self, *parts: str) -> str:
@@ -110,7 +110,7 @@ class Run:
             return self.cfg.policy_init
         if self.cfg.shared_base:
             return self.cfg.shared_base
-        return self.path("pretrain", "hf") if self.cfg.pretrain.config else self.path("init", "hf")
+        return self.layout.export("pretrain" if self.cfg.pretrain.config else "init")
 
     @property
     def frontend(self) -> bool:
@@ -123,26 +123,26 @@ class Run:
 
     @property
     def trajectories(self) -> str:
-        return self.path("data", "train_trajectories.jsonl")
+        return self.layout.trajectories
 
     def critic_data(self, with_info: bool = True) -> str:
         """What the text critics (and multi-turn DPO, `with_info=False`) train on: the trajectories (backend: the
         trainer forms the ground-truth pairs), or the official frontend pair file of the `gt_pairs` stage."""
         if not self.frontend:
             return self.trajectories
-        return self.path("data", "critic_pairs.jsonl" if with_info else "mtdpo_pairs.jsonl")
+        return self.layout.data("critic_pairs" if with_info else "mtdpo_pairs")
 
     @property
     def train_tasks(self) -> str:
-        return self.cfg.data.train_tasks or (self.path("tasks", "train_tasks.jsonl") if self.generated_tasks else "")
+        return self.cfg.data.train_tasks or (self.layout.tasks("train_tasks") if self.generated_tasks else "")
 
     @property
     def test_tasks(self) -> str:
         if self.cfg.test_tasks:
             return self.cfg.test_tasks
         if self.generated_tasks:
-            return self.path("tasks", "test_tasks.jsonl")
-        return self.path("data", "test_tasks.jsonl")  # written by the scripted synthetic data stage
+            return self.layout.tasks("test_tasks")
+        return self.layout.data("test_tasks")  # written by the scripted synthetic data stage
 
     @property
     def simulator(self) -> str:
@@ -154,7 +154,7 @@ class Run:
         while a server it may use was restarted (its requests ran out of retries during the restart) is run again
         once the servers are back, up to `serve.reruns_after_restart` times: every job resumes from its partial
         files, so the rerun does only what failed."""
-        os.makedirs(self.path("logs"), exist_ok=True)
+        os.makedirs(self.layout.logs, exist_ok=True)
         cmd = [self.python, *command_line(module, settings, **kw)]
         logfile = self.layout.log(stage)
         reruns = self.cfg.serve.reruns_after_restart
@@ -284,7 +284,7 @@ class Run:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.makedirs(self.path("logs"), exist_ok=True)
+        os.makedirs(self.layout.logs, exist_ok=True)
         logfile = self.layout.log(f"{stage}.serve")
         try:
             cmd = server_command(settings, model, port, self.python, lora_rank=lora_rank)

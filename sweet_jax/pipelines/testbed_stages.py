@@ -52,6 +52,7 @@ from sweet_jax.pipelines.shared_stages import (ABLATIONS, BASELINES, CRITIC, INI
                                            collect, evaluate_policy, rank_candidates, stage_init, text_best_of_n,
                                            train, with_report)
 from sweet_jax.pipelines.stage_runner import IN_DRIVER, ROOT, Run, Stage, StageError
+from sweet_jax.runs.run_layout import RELATIVE as rel, RunLayout
 
 # the actor's ablations: stage suffix -> (the critic's stage, rank with sums, rank without the information)
 ACTOR_ABLATIONS = {"no_info": ("critic_no_info", False, True), "sum": ("critic", True, False)}
@@ -77,7 +78,7 @@ def stage_tasks(run: Run) -> dict:
     from sweet_jax.colbench.testbed_diagnostics import write_testbed_tasks
 
     t = run.cfg.tasks  # the schema checks tasks.kind is the testbed's
-    files = write_testbed_tasks(run.path("tasks"), settings(run), num_tasks=t.num_train, num_test_tasks=t.num_test,
+    files = write_testbed_tasks(run.layout.task_dir, settings(run), num_tasks=t.num_train, num_test_tasks=t.num_test,
                                 pretrain_episodes=t.pretrain_episodes, seed=t.seed, informed=t.informed,
                                 pretrain_budgets=t.pretrain_budgets)
     return {"source": "SYNTHETIC testbed domain (not ColBench)", **files}
@@ -96,7 +97,7 @@ def stage_base(run: Run) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         run.job("base", "pipeline", config=os.path.join(ROOT, b.config),
                 overrides=[f"run_dir={base_dir}", *b.overrides])
-    with open(os.path.join(base_dir, "stages", "gate.json")) as fh:
+    with open(RunLayout(base_dir).marker("gate")) as fh:
         gate = json.load(fh)["summary"]
     return {"base": run.policy_init, "gate": gate.get(f"q{run.cfg.testbed.budget}", gate)}
 
@@ -112,11 +113,11 @@ def stage_gate(run: Run) -> dict:
     s, t = settings(run), run.cfg.tasks
     out = {}
     for budget in t.pretrain_budgets or (s.budget,):
-        tasks = run.path("gate", f"tasks_q{budget}.jsonl")
+        tasks = run.layout.gate(f"tasks_q{budget}.jsonl")
         if not os.path.exists(tasks):
             write_jsonl(tasks, make_tasks(replace(s, budget=budget), run.cfg.gate.tasks, f"gate-{t.seed}-q{budget}",
                                           prefix=f"gate-q{budget}"))
-        g = measure_job(run, "gate", "gate", run.path("gate", f"gate_q{budget}.json"), f"--model={run.policy_init}",
+        g = measure_job(run, "gate", "gate", run.layout.gate(f"gate_q{budget}.json"), f"--model={run.policy_init}",
                         f"--tasks={tasks}", f"--budget={budget}")
         answers = lambda figures: figures["judge"]["by_kind"].get("answer", {})  # noqa: E731
         out[f"q{budget}"] = {"copy": g["copy"]["told_right"], "success": g["success"], "judge_answer_pairwise": {
@@ -136,7 +137,7 @@ def stage_data(run: Run) -> dict:
     d = run.cfg.data
     collector = d.collector
     if collector == "policy":
-        collected = run.path("data", "collected_trajectories.jsonl")
+        collected = run.layout.data("collected_trajectories")
         collect(run, "data", run.train_tasks, collected, run.policy_init, d.rollouts, limit=0)
         summary = write_noisy_data(run.trajectories, read_jsonl(collected), s.outcome_noise, seed=run.cfg.tasks.seed)
         return {"source": "SYNTHETIC testbed domain (not ColBench): the initial policy", **summary}
@@ -168,19 +169,20 @@ def stage_best_of_n(run: Run) -> dict:
 
 def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
     critic, use_sum, no_info = ACTOR_ABLATIONS[suffix]
-    ranked = f"bon/ranked_{suffix}.jsonl"
+    ranked = rel.candidates(f"ranked_{suffix}")
 
     def rank(run: Run) -> dict:
-        return rank_candidates(run, f"rank_{suffix}", run.layout.export(critic), run.path(ranked), use_sum=use_sum,
-                               no_info=no_info)
+        return rank_candidates(run, f"rank_{suffix}", run.layout.export(critic),
+                               run.layout.candidates(f"ranked_{suffix}"), use_sum=use_sum, no_info=no_info)
 
     def policy(run: Run) -> dict:
-        return train(run, f"policy_{suffix}", run.cfg.policy.config, run.path(ranked),
+        return train(run, f"policy_{suffix}", run.cfg.policy.config, run.layout.candidates(f"ranked_{suffix}"),
                      (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
-    return (Stage(f"rank_{suffix}", ("bon/sampled.jsonl", f"{critic}/hf"), (ranked,), rank, after=("sample", critic)),
-            Stage(f"policy_{suffix}", (ranked,), (f"policy_{suffix}/hf",), policy, after=(f"rank_{suffix}",)),
-            Stage(f"test_{suffix}", (f"policy_{suffix}/hf",), (f"eval/test_{suffix}_trajectories.jsonl",),
+    return (Stage(f"rank_{suffix}", (rel.candidates("sampled"), rel.export(critic)), (ranked,), rank,
+                  after=("sample", critic)),
+            Stage(f"policy_{suffix}", (ranked,), (rel.export(f"policy_{suffix}"),), policy, after=(f"rank_{suffix}",)),
+            Stage(f"test_{suffix}", (rel.export(f"policy_{suffix}"),), (rel.episodes(f"test_{suffix}"),),
                   lambda run: evaluate_policy(run, f"test_{suffix}", run.layout.export(f"policy_{suffix}")),
                   after=(f"policy_{suffix}",)))
 
@@ -199,7 +201,7 @@ def stage_diagnostics(run: Run) -> dict:
 
     s = settings(run)
     out = {}
-    states_file = run.path("eval", "best_of_n.json.states.jsonl")
+    states_file = run.layout.best_of_n_states
     if os.path.exists(states_file):
         with IN_DRIVER:
             judged = judged_states(s, read_jsonl(states_file), read_jsonl(run.test_tasks))
@@ -209,12 +211,12 @@ def stage_diagnostics(run: Run) -> dict:
         write_json(run.layout.evaluation("critic_diagnostics"), critics)
         out["critic_rank_correlation"] = {name: d["optimal"]["rank_correlation"] for name, d in critics.items()}
     policies = {}
-    for name in sorted(os.listdir(run.path("eval"))):
-        if name.startswith("test") and name.endswith("_trajectories.jsonl"):
-            policies[name[:-len("_trajectories.jsonl")]] = policy_breakdown(s, read_jsonl(run.path("eval", name)))
+    for name in run.layout.evaluated():
+        if name.startswith("test"):
+            policies[name] = policy_breakdown(s, read_jsonl(run.layout.episodes(name)))
     if not policies and "critic_rank_correlation" not in out:
-        raise StageError(f"stage 'diagnostics': nothing to diagnose in {run.path('eval')}: no best-of-N states and "
-                         f"no evaluated policy")
+        raise StageError(f"stage 'diagnostics': nothing to diagnose in {run.layout.evaluations}: no best-of-N "
+                         f"states and no evaluated policy")
     write_json(run.layout.evaluation("policy_diagnostics"), policies)
     out["regret"] = {name: d["regret"] for name, d in policies.items()}
     return out
@@ -243,25 +245,25 @@ STAGES = with_report(tuple(_keep(stage) for stage in (
     Stage("base", (), (), stage_base, enabled=_has_base),
     Stage("init", (), (), lambda run: {"policy_init": run.policy_init} if _has_base(run) else stage_init(run),
           after=("base",)),
-    Stage("tasks", (), ("tasks/train_tasks.jsonl", "tasks/test_tasks.jsonl", "tasks/pretrain.jsonl"), stage_tasks),
+    Stage("tasks", (), (rel.tasks("train_tasks"), rel.tasks("test_tasks"), rel.tasks("pretrain")), stage_tasks),
     PRETRAIN,
-    Stage("data", ("tasks/train_tasks.jsonl",), ("data/train_trajectories.jsonl",), stage_data,
+    Stage("data", (rel.tasks("train_tasks"),), (rel.trajectories,), stage_data,
           after=("base", "init", "tasks", "pretrain")),
     CRITIC,
     *(ablation_stage(name, enabled=lambda run: True) for name in ABLATIONS),
-    Stage("best_of_n", ("critic/hf",), ("eval/best_of_n.json",), stage_best_of_n, after=("critic", *ABLATIONS),
+    Stage("best_of_n", (rel.export("critic"),), (rel.best_of_n,), stage_best_of_n, after=("critic", *ABLATIONS),
           enabled=lambda run: bool(run.cfg.best_of_n_eval.enabled)),
     *SWEET_ACTOR,
     *(stage for suffix in ACTOR_ABLATIONS for stage in _actor_ablation(suffix)),
     *BASELINES,
-    Stage("judges", ("critic/hf",), ("eval/judges.json",), stage_judges, after=("critic", "critic_no_info"),
-          enabled=lambda run: run.cfg.judges),
-    Stage("diagnostics", (), ("eval/policy_diagnostics.json",), stage_diagnostics, after=("best_of_n", *TESTS)),
+    Stage("judges", (rel.export("critic"),), (rel.evaluation("judges"),), stage_judges,
+          after=("critic", "critic_no_info"), enabled=lambda run: run.cfg.judges),
+    Stage("diagnostics", (), (rel.evaluation("policy_diagnostics"),), stage_diagnostics, after=("best_of_n", *TESTS)),
 )))
 # the shared base's own run: pre-training, then the gate
 BASE_STAGES = (
     INIT,
-    Stage("tasks", (), ("tasks/test_tasks.jsonl", "tasks/pretrain.jsonl"), stage_tasks),
+    Stage("tasks", (), (rel.tasks("test_tasks"), rel.tasks("pretrain")), stage_tasks),
     PRETRAIN,
-    Stage("gate", ("pretrain/hf",), (), stage_gate, after=("pretrain",)),
+    Stage("gate", (rel.export("pretrain"),), (), stage_gate, after=("pretrain",)),
 )

@@ -69,9 +69,7 @@ def read_log(path: str) -> dict[str, list[dict]]:
 def _markers(run_dir: str) -> dict[str, dict]:
     layout = RunLayout(run_dir)
     out = {}
-    names = [n[:-5] for n in os.listdir(layout.markers) if n.endswith(".json")] if os.path.isdir(
-        layout.markers) else []
-    for name in sorted(names, key=lambda n: os.path.getmtime(layout.marker(n))):  # in the order they finished
+    for name in layout.finished():
         with open(layout.marker(name)) as fh:
             out[name] = json.load(fh)
     return out
