@@ -8,7 +8,8 @@ Every stage writes into `run_dir`, is skipped once its marker RUN/stages/NAME.js
 process with its log in RUN/logs/NAME.log, so a kill at any point followed by the same command redoes nothing that
 had finished. The stages and what they do: `sweet_jax.pipelines.backend_stages`, `frontend_stages` and
 `testbed_stages` (the run's `task_type` picks one). The config is checked against its track's schema
-(`sweet_jax.runs.pipeline_config`) before any stage runs. Prints each stage's summary as JSON; exit 1 when a stage
+(`sweet_jax.runs.pipeline_config`) before any stage runs, and so is the training job of every stage it keeps (its config
+file with the stage's overrides, against the training schema). Prints each stage's summary as JSON; exit 1 when a stage
 fails (the message names its log), 2 for a bad command line or config.
 """
 

@@ -112,3 +112,35 @@ def test_the_pipeline_refuses_a_bad_config_before_any_stage(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "error: configs/sweet_backend_tiny.py: tasks.kind='design': a backend run generates" in proc.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("section, overrides, rule", [
+    # a misspelt field of the critic's job, named with the nearest
+    ("critic", ("train.epoch=1",), "unknown config field 'train.epoch' (--config.train.epoch) in "),
+    # a value that is not its field's type
+    ("rft", ("train.epochs=two",), "flag --config.train.epochs=two: invalid literal for int()"),
+    # a bad enum of the multi-turn DPO job
+    ("mtdpo", ("loss.reduction=loose",),
+     "field 'loss.reduction': input should be 'trajectory_mean', 'turn_mean_sum' or 'sum', got 'loose'"),
+    # a broken cross-field rule: an ablation's data against the objective of the critic's recipe
+    ("critic_no_info", ("data.kind=rft",), "objective 'critic' trains on pairs of data.kind"),
+])
+def test_each_stages_training_job_is_checked_before_any_stage(tmp_path, monkeypatch, section, overrides, rule):
+    """A stage's training job is its config file with the stage's overrides: a bad one is refused when the pipeline
+    starts (`shared_stages.check_jobs`), naming the stage, not when that stage's turn comes, hours in."""
+    from sweet_jax.pipelines import stages
+    from sweet_jax.pipelines.stages import run_pipeline
+
+    def no_stage(*args, **kwargs):
+        raise AssertionError("a stage ran: the bad training job was not refused first")
+
+    monkeypatch.setattr(stages, "run_stages", no_stage)
+
+    cfg = _file_config(os.path.join(ROOT, "configs", "sweet_backend_tiny.py"))
+    cfg[section].overrides = overrides
+    cfg.run_dir = str(tmp_path / "run")
+    with pytest.raises(SchemaError) as e:
+        run_pipeline(cfg)
+    assert str(e.value).startswith(f"stage '{section}', its training job: "), str(e.value)
+    assert rule in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()  # refused before the run directory, the tasks or any data

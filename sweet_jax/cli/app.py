@@ -166,6 +166,24 @@ def require_config(config, example: str, schema=None, name: str = "config"):
     return getattr(schema, "load", schema)(config, source=config_flags.get_config_filename(FLAGS[name]))
 
 
+def config_file(path: str, overrides: Sequence[str] = (), schema=None):
+    """The config a command gets from `--config=path --config.KEY=VALUE ...` (each of `overrides` "KEY=VALUE"),
+    parsed as the command parses it and, with `schema`, validated as `require_config` validates it: a pipeline checks
+    its stages' jobs with it before it starts the first. ValueError names the file and the override that names no
+    field or whose value does not parse; `schema.SchemaError` the field and rule."""
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    argv = ["config", f"--config={path}", *(f"--config.{o}" for o in overrides)]
+    config_flags.DEFINE_config_file("config", None, "the job config", flag_values=values, lock_config=True,
+                                    sys_argv=argv)  # the overrides' flags are defined from these arguments
+    try:
+        values(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(_unknown_config_field(argv, values=values) or f"{path}: {' '.join(str(e).split())}") from None
+    return schema.load(values.config, source=path) if schema is not None else values.config
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a one-line error (no traceback) for a bad flag or override such as a misspelt config key.
     Flag names may be spelt with dashes (`--hbm-gib 80` is `--hbm_gib 80`)."""
@@ -181,7 +199,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         _bad_command_line(msg)
 
 
-def _unknown_config_field(argv: list[str], name: str = "config") -> str | None:
+def _unknown_config_field(argv: list[str], name: str = "config", values: flags.FlagValues = FLAGS) -> str | None:
     """For a `--config.a.b=v` override that names no field of the job config: the message that says so and lists
     the config's closest fields; None when every override names a field (the error was something else)."""
     from sweet_jax.cli.schema import nearest
@@ -189,10 +207,10 @@ def _unknown_config_field(argv: list[str], name: str = "config") -> str | None:
     path = next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
     if path is None and f"--{name}" in argv[:-1]:
         path = argv[argv.index(f"--{name}") + 1]
-    if path is None or name not in FLAGS:
+    if path is None or name not in values:
         return None
     try:
-        config = FLAGS[name].parser.parse(path)
+        config = values[name].parser.parse(path)
     except Exception:  # noqa: BLE001 - the config file's own error is the one to report
         return None
     fields = dict(_config_fields(config))

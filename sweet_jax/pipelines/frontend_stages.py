@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 
 from sweet_jax.ranking import selection
-from sweet_jax.pipelines.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
-                                           best_of_n_eval, evaluate_policy, random_init, stage_collected_data, train,
-                                           with_report)
+from sweet_jax.pipelines.shared_stages import (BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, TrainJob,
+                                               ablation_stage, best_of_n_eval, evaluate_policy, policy_job,
+                                               random_init, stage_collected_data, training_stage, with_report)
 from sweet_jax.pipelines.stage_runner import IN_DRIVER, Run, Stage, StageError
 from sweet_jax.runs.run_layout import RELATIVE as rel
 
@@ -87,13 +87,11 @@ def stage_vision_pairs(run: Run) -> dict:
     return out
 
 
-def _critic_vision(stage: str, pairs: str):
-    def run_stage(run: Run) -> dict:
-        init = run.cfg.vision.critic_init or run.layout.export("vision_init")
-        # a score-head critic (a new head on a vision-language model): trained in full, LoRA or not
-        return train(run, stage, run.cfg.vision.critic.config, run.layout.data(pairs),
-                      (*run.cfg.vision.critic.overrides, *getattr(run.cfg, stage).overrides), init=init, adapters=False)
-    return run_stage
+def _critic_vision_job(stage: str, pairs: str):
+    # a score-head critic (a new head on a vision-language model): trained in full, LoRA or not
+    return lambda run: TrainJob(run.cfg.vision.critic.config, run.layout.data(pairs),
+                                (*run.cfg.vision.critic.overrides, *getattr(run.cfg, stage).overrides),
+                                init=run.cfg.vision.critic_init or run.layout.export("vision_init"), adapters=False)
 
 
 def stage_rank_vision(run: Run) -> dict:
@@ -104,11 +102,6 @@ def stage_rank_vision(run: Run) -> dict:
         output=run.layout.candidates("ranked_vision"), render_workers=run.cfg.collect.render_workers),
         subcommand="rank_vision")
     return {"states": sum(1 for _ in open(run.layout.candidates("ranked_vision")))}
-
-
-def stage_policy_vision(run: Run) -> dict:
-    return train(run, "policy_vision", run.cfg.policy.config, run.layout.candidates("ranked_vision"),
-                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
 
 def stage_best_of_n(run: Run) -> dict:
@@ -147,21 +140,22 @@ STAGES = with_report((
     Stage("vision_init", (), (), stage_vision_init),
     Stage("vision_pairs", (rel.trajectories,), (rel.data("vision_pairs"), rel.data("vision_pairs_no_target")),
           stage_vision_pairs, after=("data",)),
-    Stage("critic_vision", (rel.data("vision_pairs"),), (rel.export("critic_vision"),),
-          _critic_vision("critic_vision", "vision_pairs"), after=("vision_init", "vision_pairs")),
+    training_stage("critic_vision", (rel.data("vision_pairs"),), (rel.export("critic_vision"),),
+                   _critic_vision_job("critic_vision", "vision_pairs"), after=("vision_init", "vision_pairs")),
     # the critic ablations and the best-of-N evaluation (Figure 3a)
     ablation_stage("critic_no_info"),
-    Stage("critic_vision_no_target", (rel.data("vision_pairs_no_target"),), (rel.export("critic_vision_no_target"),),
-          _critic_vision("critic_vision_no_target", "vision_pairs_no_target"),
-          after=("vision_init", "vision_pairs"), enabled=best_of_n_eval),
+    training_stage("critic_vision_no_target", (rel.data("vision_pairs_no_target"),),
+                   (rel.export("critic_vision_no_target"),),
+                   _critic_vision_job("critic_vision_no_target", "vision_pairs_no_target"),
+                   after=("vision_init", "vision_pairs"), enabled=best_of_n_eval),
     Stage("best_of_n", (rel.export("critic"),), (rel.best_of_n,), stage_best_of_n,
           after=("critic", "critic_no_info", "critic_vision", "critic_vision_no_target"), enabled=best_of_n_eval),
     *SWEET_ACTOR,
     # the vision-language critic's ranking of the rendered candidates, and the actor it trains
     Stage("rank_vision", (rel.candidates("sampled"), rel.export("critic_vision")), (rel.candidates("ranked_vision"),),
           stage_rank_vision, after=("sample", "critic_vision")),
-    Stage("policy_vision", (rel.candidates("ranked_vision"),), (rel.export("policy_vision"),), stage_policy_vision,
-          after=("rank_vision",)),
+    training_stage("policy_vision", (rel.candidates("ranked_vision"),), (rel.export("policy_vision"),),
+                   policy_job("ranked_vision"), after=("rank_vision",)),
     Stage("test_vision", (rel.export("policy_vision"),), (rel.episodes("test_vision"),),
           lambda run: evaluate_policy(run, "test_vision", run.layout.export("policy_vision")), after=("policy_vision",)),
     *BASELINES,

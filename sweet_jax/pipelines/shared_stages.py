@@ -8,6 +8,7 @@ baselines (rejection fine-tuning, multi-turn DPO) and the report. A track's modu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 
@@ -66,9 +67,9 @@ def stage_init(run: Run) -> dict:
     return {"policy_init": random_init(run, "init", run.cfg.init), "random_init": True}
 
 
-def stage_pretrain(run: Run) -> dict:
-    return train(run, "pretrain", run.cfg.pretrain.config, run.layout.tasks("pretrain"),
-                  run.cfg.pretrain.overrides, init=run.layout.export("init"), adapters=False)
+def pretrain_job(run: Run) -> "TrainJob":
+    return TrainJob(run.cfg.pretrain.config, run.layout.tasks("pretrain"), run.cfg.pretrain.overrides,
+                    init=run.layout.export("init"), adapters=False)
 
 
 def lora_overrides(run: Run, overrides) -> list[str]:
@@ -82,32 +83,67 @@ def lora_overrides(run: Run, overrides) -> list[str]:
             f"lora.targets={lora.targets}"]
 
 
-def train(run: Run, stage: str, config: str, data: str, overrides, init: str | None = None,
-          adapters: bool = True) -> dict:
-    """A training stage: `config` with `overrides` on `data`, from `init` (default: the initial policy), with the
-    run's LoRA settings unless not `adapters` (pre-training makes the base)."""
+@dataclasses.dataclass(frozen=True)
+class TrainJob:
+    """A training stage's job: `config` (a file under the repository) with the stage's `overrides`, on `data`, from
+    `init` (default: the initial policy), with the run's LoRA settings unless not `adapters` (pre-training makes the
+    base; a score-head critic trains its new head in full)."""
+    config: str
+    data: str
+    overrides: tuple[str, ...] = ()
+    init: str | None = None
+    adapters: bool = True
+
+    def command_overrides(self, run: Run, stage: str) -> list[str]:
+        """The job's `--config.KEY=VALUE` overrides, without the prefix."""
+        return [f"data.path={self.data}", f"train.output_dir={run.layout.stage_dir(stage)}",
+                f"model.hf_path={self.init or run.policy_init}", *self.overrides,
+                *(lora_overrides(run, self.overrides) if self.adapters else [])]
+
+
+def train(run: Run, stage: str, job: TrainJob) -> dict:
+    """Run a training stage's job (`python -m sweet_jax.train`); returns its held-out figures, steps and seconds."""
     if run.cfg.serve.release_for_training and run.cfg.jobs == 1:
         run.close()  # the kept servers hand the accelerators to the trainer
-    out = run.layout.stage_dir(stage)
-    run.job(stage, "train", config=os.path.join(ROOT, config), overrides=[
-        f"data.path={data}", f"train.output_dir={out}", f"model.hf_path={init or run.policy_init}", *overrides,
-        *(lora_overrides(run, overrides) if adapters else [])])
+    run.job(stage, "train", config=os.path.join(ROOT, job.config), overrides=job.command_overrides(run, stage))
     with open(run.layout.metrics(stage)) as fh:
         metrics = json.load(fh)
     return {"held_out": metrics["held_out"], "steps": metrics["steps"], "seconds": round(metrics["seconds"], 1)}
 
 
-def stage_critic(run: Run) -> dict:
-    return train(run, "critic", run.cfg.critic.config, run.critic_data(), run.cfg.critic.overrides)
+def training_stage(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], job, **kw) -> Stage:
+    """A stage that trains: `job(run)` is its `TrainJob`, which `check_jobs` validates before any stage runs."""
+    return Stage(name, inputs, outputs, lambda run: train(run, name, job(run)), job=job, **kw)
 
 
-def ablation(stage: str):
+def check_jobs(run: Run, stages) -> None:
+    """Validate the training job of every stage of `stages` the config keeps, as `python -m sweet_jax.train` would
+    (its config file, the stage's overrides, `training.job_config`), before any stage runs: a bad override in
+    `critic.overrides` is refused at load, not hours later when the critic's stage starts. `SchemaError` names the
+    stage, the file, the field and the rule."""
+    from sweet_jax.cli.app import config_file
+    from sweet_jax.cli.schema import SchemaError
+    from sweet_jax.training.job_config import JobConfig
+
+    for stage in stages:
+        if stage.job is None or not stage.enabled(run):
+            continue
+        job = stage.job(run)
+        try:
+            config_file(os.path.join(ROOT, job.config), job.command_overrides(run, stage.name), JobConfig)
+        except ValueError as e:  # a SchemaError, or an override that names no field or does not parse
+            raise SchemaError(f"stage '{stage.name}', its training job: {e}") from None
+
+
+def critic_job(run: Run) -> TrainJob:
+    return TrainJob(run.cfg.critic.config, run.critic_data(), run.cfg.critic.overrides)
+
+
+def ablation_job(stage: str):
     """A critic ablation: the critic's recipe and overrides, then the ablation's own (`cfg.<stage>.overrides`). On
     frontend runs the critic without the information trains on the pairs without the prefix."""
-    def run_stage(run: Run) -> dict:
-        return train(run, stage, run.cfg.critic.config, run.critic_data(with_info=stage != "critic_no_info"),
-                      (*run.cfg.critic.overrides, *getattr(run.cfg, stage).overrides))
-    return run_stage
+    return lambda run: TrainJob(run.cfg.critic.config, run.critic_data(with_info=stage != "critic_no_info"),
+                                (*run.cfg.critic.overrides, *getattr(run.cfg, stage).overrides))
 
 
 def _in_process(run: Run, role: str) -> bool:
@@ -164,9 +200,10 @@ def stage_pairs(run: Run) -> dict:
     return {"pairs": sum(1 for _ in open(run.layout.candidates("pairs")))}
 
 
-def stage_policy(run: Run) -> dict:
-    return train(run, "policy", run.cfg.policy.config, run.layout.candidates("ranked"),
-                  (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
+def policy_job(ranked: str):
+    """The SWEET actor's DPO on the candidates ranked into `ranked` (a candidates file's name)."""
+    return lambda run: TrainJob(run.cfg.policy.config, run.layout.candidates(ranked),
+                                (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
 
 
 def evaluate_policy(run: Run, stage: str, model: str) -> dict:
@@ -175,12 +212,12 @@ def evaluate_policy(run: Run, stage: str, model: str) -> dict:
                     run.cfg.test.rollouts, limit=run.cfg.test.limit)
 
 
-def stage_rft(run: Run) -> dict:
-    return train(run, "rft", run.cfg.rft.config, run.trajectories, run.cfg.rft.overrides)
+def rft_job(run: Run) -> TrainJob:
+    return TrainJob(run.cfg.rft.config, run.trajectories, run.cfg.rft.overrides)
 
 
-def stage_mtdpo(run: Run) -> dict:
-    return train(run, "mtdpo", run.cfg.mtdpo.config, run.critic_data(with_info=False), run.cfg.mtdpo.overrides)
+def mtdpo_job(run: Run) -> TrainJob:
+    return TrainJob(run.cfg.mtdpo.config, run.critic_data(with_info=False), run.cfg.mtdpo.overrides)
 
 
 def stage_report(run: Run) -> dict:
@@ -239,25 +276,27 @@ def _evaluation(stage: str, model):
 # The shared stages, for the tracks' lists. Every later stage uses the initial policy and the tasks, which `data`
 # itself waits for.
 INIT = Stage("init", (), (), stage_init)
-PRETRAIN = Stage("pretrain", (rel.tasks("pretrain"),), (rel.export("pretrain"),), stage_pretrain,
-                 after=("init", "tasks"), enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init)
-CRITIC = Stage("critic", (rel.trajectories,), (rel.export("critic"),), stage_critic, after=("data", "gt_pairs"))
+PRETRAIN = training_stage("pretrain", (rel.tasks("pretrain"),), (rel.export("pretrain"),), pretrain_job,
+                          after=("init", "tasks"),
+                          enabled=lambda run: bool(run.cfg.pretrain.config) and not run.cfg.policy_init)
+CRITIC = training_stage("critic", (rel.trajectories,), (rel.export("critic"),), critic_job, after=("data", "gt_pairs"))
 SWEET_ACTOR = (
     Stage("sample", (rel.trajectories,), (rel.candidates("sampled"),), stage_sample, after=("data",)),
     Stage("rank", (rel.candidates("sampled"), rel.export("critic")), (rel.candidates("ranked"),), stage_rank,
           after=("sample", "critic")),
     Stage("pairs", (rel.candidates("ranked"),), (rel.candidates("pairs"),), stage_pairs, after=("rank",)),
-    Stage("policy", (rel.candidates("ranked"),), (rel.export("policy"),), stage_policy, after=("rank",)),
+    training_stage("policy", (rel.candidates("ranked"),), (rel.export("policy"),), policy_job("ranked"),
+                   after=("rank",)),
     Stage("test", (rel.export("policy"),), (rel.episodes("test"),), stage_test, after=("policy",)),
 )
 # the baselines: the initial policy as it is, rejection fine-tuning and multi-turn DPO
 BASELINES = (
     Stage("test_zero_shot", (rel.trajectories,), (rel.episodes("test_zero_shot"),),
           _evaluation("test_zero_shot", lambda run: run.policy_init), after=("data",)),
-    Stage("rft", (rel.trajectories,), (rel.export("rft"),), stage_rft, after=("data",)),
+    training_stage("rft", (rel.trajectories,), (rel.export("rft"),), rft_job, after=("data",)),
     Stage("test_rft", (rel.export("rft"),), (rel.episodes("test_rft"),),
           _evaluation("test_rft", lambda run: run.layout.export("rft")), after=("rft",)),
-    Stage("mtdpo", (rel.trajectories,), (rel.export("mtdpo"),), stage_mtdpo, after=("data", "gt_pairs")),
+    training_stage("mtdpo", (rel.trajectories,), (rel.export("mtdpo"),), mtdpo_job, after=("data", "gt_pairs")),
     Stage("test_mtdpo", (rel.export("mtdpo"),), (rel.episodes("test_mtdpo"),),
           _evaluation("test_mtdpo", lambda run: run.layout.export("mtdpo")), after=("mtdpo",)),
 )
@@ -265,8 +304,8 @@ BASELINES = (
 
 def ablation_stage(name: str, enabled=best_of_n_eval) -> Stage:
     """A critic ablation's stage (run with the best-of-N evaluation)."""
-    return Stage(name, (rel.trajectories,), (rel.export(name),), ablation(name), after=("data", "gt_pairs"),
-                 enabled=enabled)
+    return training_stage(name, (rel.trajectories,), (rel.export(name),), ablation_job(name),
+                          after=("data", "gt_pairs"), enabled=enabled)
 
 
 def with_report(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:

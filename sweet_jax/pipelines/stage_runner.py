@@ -74,6 +74,7 @@ class Stage:
     run: Callable[["Run"], dict]
     after: tuple[str, ...] = ()  # the stages whose results it uses: with `jobs` > 1 it starts once they are done
     enabled: Callable[["Run"], bool] = lambda run: True  # a stage the config leaves out is passed over
+    job: Callable[["Run"], object] | None = None  # a training stage's job (`shared_stages.TrainJob`), checked first
 
 
 class Run:

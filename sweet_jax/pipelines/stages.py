@@ -13,7 +13,7 @@ import sys
 
 from sweet_jax.pipelines import backend_stages, frontend_stages, testbed_stages
 from sweet_jax.runs.pipeline_config import load_pipeline_config
-from sweet_jax.pipelines.shared_stages import ABLATIONS
+from sweet_jax.pipelines.shared_stages import ABLATIONS, check_jobs
 from sweet_jax.pipelines.stage_runner import Run, Stage, StageError
 from sweet_jax.pipelines.stage_runner import run_pipeline as run_stages
 
@@ -33,6 +33,8 @@ def track_stages(cfg) -> tuple[Stage, ...]:
 def run_pipeline(cfg, *, only: str | None = None, start: str | None = None, until: str | None = None,
                  force: bool = False, python: str = sys.executable) -> dict:
     """Run the selected stages of the run's track (see `stage_runner.run_pipeline`); returns {stage: marker}. `cfg`
-    is a `pipeline_config.PipelineConfig`, or a config file's ConfigDict (validated first)."""
+    is a `pipeline_config.PipelineConfig`, or a config file's ConfigDict (validated first, and with it the training
+    job of every stage it keeps: `shared_stages.check_jobs`)."""
     cfg = load_pipeline_config(cfg)
+    check_jobs(Run(cfg, python), track_stages(cfg))
     return run_stages(cfg, track_stages(cfg), only=only, start=start, until=until, force=force, python=python)

@@ -49,8 +49,8 @@ import dataclasses
 import os
 
 from sweet_jax.pipelines.shared_stages import (ABLATIONS, BASELINES, CRITIC, INIT, PRETRAIN, SWEET_ACTOR, ablation_stage,
-                                           collect, evaluate_policy, rank_candidates, stage_init, text_best_of_n,
-                                           train, with_report)
+                                               collect, evaluate_policy, policy_job, rank_candidates, stage_init,
+                                               text_best_of_n, training_stage, with_report)
 from sweet_jax.pipelines.stage_runner import IN_DRIVER, ROOT, Run, Stage, StageError
 from sweet_jax.runs.run_layout import RELATIVE as rel, RunLayout
 
@@ -175,13 +175,10 @@ def _actor_ablation(suffix: str) -> tuple[Stage, Stage, Stage]:
         return rank_candidates(run, f"rank_{suffix}", run.layout.export(critic),
                                run.layout.candidates(f"ranked_{suffix}"), use_sum=use_sum, no_info=no_info)
 
-    def policy(run: Run) -> dict:
-        return train(run, f"policy_{suffix}", run.cfg.policy.config, run.layout.candidates(f"ranked_{suffix}"),
-                     (f"data.num_pairs={run.cfg.pairs.num_pairs}", *run.cfg.policy.overrides))
-
     return (Stage(f"rank_{suffix}", (rel.candidates("sampled"), rel.export(critic)), (ranked,), rank,
                   after=("sample", critic)),
-            Stage(f"policy_{suffix}", (ranked,), (rel.export(f"policy_{suffix}"),), policy, after=(f"rank_{suffix}",)),
+            training_stage(f"policy_{suffix}", (ranked,), (rel.export(f"policy_{suffix}"),),
+                           policy_job(f"ranked_{suffix}"), after=(f"rank_{suffix}",)),
             Stage(f"test_{suffix}", (rel.export(f"policy_{suffix}"),), (rel.episodes(f"test_{suffix}"),),
                   lambda run: evaluate_policy(run, f"test_{suffix}", run.layout.export(f"policy_{suffix}")),
                   after=(f"policy_{suffix}",)))
