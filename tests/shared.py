@@ -9,7 +9,10 @@ it): expensive fixtures (trained tiny models, sharded builds, a model's export) 
   worker ends.
 
 The run's folder is made by the controlling process and handed to the workers in `SWEET_JAX_TEST_RUN_DIR`; it is
-removed at the end of the run.
+removed at the end of the run. Every process the run starts (its workers, the commands and pipelines its tests run,
+the shared servers, whatever they start in turn) is claimed by the controlling process (`cli.processes`): at the end
+of the run, and on SIGTERM or SIGHUP to it (a `timeout`, a CI runner), those still alive are stopped, SIGTERM then
+SIGKILL, so a stopped run leaves nothing running; Ctrl-C ends the run through pytest, and so at its end too.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Callable
 
+from sweet_jax.cli.processes import claim_children, stop_on_signals, stop_owned
 from sweet_jax.files.atomic import write_json
 
 RUN_DIR_ENV = "SWEET_JAX_TEST_RUN_DIR"
@@ -31,32 +34,24 @@ RUN_DIR_ENV = "SWEET_JAX_TEST_RUN_DIR"
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput") and RUN_DIR_ENV not in os.environ:  # the controlling process
-        os.environ[RUN_DIR_ENV] = tempfile.mkdtemp(prefix="sweet_jax_tests_")
-        config._sweet_jax_run_dir = os.environ[RUN_DIR_ENV]
+        os.environ[RUN_DIR_ENV] = run_dir = tempfile.mkdtemp(prefix="sweet_jax_tests_")
+        config._sweet_jax_run_dir = run_dir
+        config._sweet_jax_owner = token = claim_children("tests")  # before the workers start
+
+        def remove_run_dir():
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+        # SIGINT stays pytest's (a KeyboardInterrupt ends the session, then pytest_unconfigure stops the rest)
+        stop_on_signals(token, before=remove_run_dir, signals=(signal.SIGTERM, signal.SIGHUP), what="the test run")
 
 
 def pytest_unconfigure(config):
     run_dir = getattr(config, "_sweet_jax_run_dir", None)
     if run_dir is None:
         return
-    pids = _server_pids(run_dir)
-    for sig in (signal.SIGTERM, signal.SIGKILL):  # each server's whole process group (vLLM's engine too)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-        deadline = time.time() + 15
-        while sig == signal.SIGTERM and time.time() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.2)
+    stop_owned(config._sweet_jax_owner, grace_s=15.0)  # the shared servers (vLLM's engine too), anything left
     shutil.rmtree(run_dir, ignore_errors=True)
     os.environ.pop(RUN_DIR_ENV, None)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def run_dir() -> str:
@@ -87,15 +82,6 @@ def built_once(name: str, build: Callable[[str], object]) -> str:
             build(tmp)
             os.rename(tmp, path)
     return path
-
-
-def _server_pids(root: str) -> list[int]:
-    pids = []
-    for f in os.listdir(root) if os.path.isdir(root) else ():
-        if f.endswith(".server.json"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.append(int(json.load(open(os.path.join(root, f)))["pid"]))
-    return pids
 
 
 def shared_server(name: str, start: Callable[[str], object]) -> str:

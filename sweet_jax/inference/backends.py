@@ -30,6 +30,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 
 from sweet_jax.colbench.client import healthy
 
@@ -169,6 +170,8 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
 class ManagedServer:
     """A server process on a fixed port: started, watched and restarted when it dies, stopped on request."""
 
+    _watched: "weakref.WeakSet[ManagedServer]" = weakref.WeakSet()  # every started server this process watches
+
     def __init__(self, cmd: list[str], port: int, logfile: str, *, env=None, cwd=None, start_timeout_s: float = 900,
                  preexec_fn=None, what: str = "server"):
         self.cmd, self.port, self.logfile, self.env, self.cwd = cmd, port, logfile, env, cwd
@@ -244,6 +247,7 @@ class ManagedServer:
         self._wait_healthy()
         self._watchdog = threading.Thread(target=self._watch, name=f"watch {self.what}", daemon=True)
         self._watchdog.start()
+        ManagedServer._watched.add(self)
         return self
 
     def _watch(self) -> None:
@@ -271,6 +275,13 @@ class ManagedServer:
         """Stop watching: the server runs on, and is neither restarted nor stopped by this object (a server shared
         beyond the process that started it, which its owner stops)."""
         self._stopping.set()
+
+    @classmethod
+    def unwatch_all(cls) -> None:
+        """Stop restarting every server this process watches: called when the process is being stopped, so a
+        watchdog does not start again the servers that the stop kills (`cli.processes.stop_on_signals`)."""
+        for server in list(cls._watched):
+            server.unwatch()
 
     def stop(self) -> None:
         self._stopping.set()
