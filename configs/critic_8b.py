@@ -3,7 +3,8 @@
 The critic sees "In light that the final answer is: <reference>." before the conversation; its trajectory reward is
 beta * (mean assistant-token log-prob - the frozen initial critic's). Table 5: lr 2e-7, beta 0.1, NLL 0.01, batch 8,
 4 epochs; max_len 8192. (The README's command has no NLL flag, i.e. 0: --config.loss.nll_coef=0.)
-Point --config.model.hf_path and --config.data.path at your local copies.
+The model is the Hub id meta-llama/Llama-3.1-8B-Instruct (downloaded into the Hub cache on first use; a local
+HF directory works too); point --config.data.path at your copy of the trajectories.
 """
 
 from sweet_jax.training.defaults import recipe_8b

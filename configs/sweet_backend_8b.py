@@ -2,14 +2,14 @@
 `python -m sweet_jax.pipeline --config configs/sweet_backend_8b.py`.
 
 - The agent and the starting point of the critic and the actor: Llama-3.1-8B-Instruct; the simulated human:
-  Llama-3.1-70B-Instruct (point `policy_init` and `simulator` at local HF directories). On an 8-GPU host, every
-  inference role runs on vLLM (`inference.backend = "vllm"`, from the python of `inference.vllm_python` or
-  $SWEET_JAX_VLLM_PYTHON), in bf16 with tensor parallelism over the 8 GPUs: the 70B simulator (141 GB of bf16
-  weights) and the 8B agent are started for each collection and test stage and stopped after it, the 8B sampler for
-  `sample`, and the critic export for `rank` (prompt log-probs through vLLM's prefix cache). Every server is stopped
-  before a training stage, which then has the GPUs to itself. To use servers already running elsewhere (vLLM on a
-  TPU slice, say), set `inference.roles.<role> = "endpoint"` and `inference.endpoints.<role>` to their URLs. With
-  `inference.backend = "sweet_jax"` the project's engine serves instead, sharded by `inference.mesh`
+  Llama-3.1-70B-Instruct (Hub ids, downloaded into the Hub cache at the start of the run, or local HF directories). On
+  an 8-GPU host, every inference role runs on vLLM (`inference.backend = "vllm"`, from the python of
+  `inference.vllm_python` or $SWEET_JAX_VLLM_PYTHON), in bf16 with tensor parallelism over the 8 GPUs: the 70B
+  simulator (141 GB of bf16 weights) and the 8B agent are started for each collection and test stage and stopped after
+  it, the 8B sampler for `sample`, and the critic export for `rank` (prompt log-probs through vLLM's prefix cache).
+  Every server is stopped before a training stage, which then has the GPUs to itself. To use servers already running
+  elsewhere (vLLM on a TPU slice, say), set `inference.roles.<role> = "endpoint"` and `inference.endpoints.<role>` to
+  their URLs. With `inference.backend = "sweet_jax"` the project's engine serves instead, sharded by `inference.mesh`
   (e.g. "tensor=8"; `python -m sweet_jax.plan --serve` gives its memory per device).
 - Collection: 3 rollouts per train task (`data.train_tasks`, e.g. the 10k backend train tasks), 10 turns, agent
   temperature 1.0 with 1024 tokens, simulator greedy with 4096 (configs/collect_backend.py's official settings).
@@ -27,8 +27,8 @@ from sweet_jax.training.defaults import derived_from
 def get_config():
     c = derived_from(__file__, "sweet_backend_tiny.py")
     c.run_dir = "runs/sweet_backend_8b"
-    c.policy_init = "checkpoints/Llama-3.1-8B-Instruct"
-    c.simulator = "checkpoints/Llama-3.1-70B-Instruct"
+    c.policy_init = "meta-llama/Llama-3.1-8B-Instruct"
+    c.simulator = "meta-llama/Llama-3.1-70B-Instruct"
     c.tasks.kind = ""  # real tasks: no generated domain, no pre-training
     c.pretrain.config = ""
     c.data.source = "collect"

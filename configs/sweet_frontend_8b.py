@@ -34,7 +34,7 @@ def get_config():
     c = derived_from(__file__, "sweet_backend_8b.py")
     c.task_type = "frontend"
     c.run_dir = "runs/sweet_frontend_8b"
-    c.simulator = "checkpoints/Qwen2-VL-72B-Instruct"
+    c.simulator = "Qwen/Qwen2-VL-72B-Instruct"
     c.data.train_tasks = "data/frontend_train.jsonl"
     c.test_tasks = "../shared/colbench/frontend_test.jsonl"
     c.collect = ml_collections.ConfigDict(dict(limit=1000, rollouts=6, max_steps=10, concurrency=64,
@@ -52,7 +52,7 @@ def get_config():
     c.critic = ml_collections.ConfigDict(dict(config="configs/critic_8b.py", overrides=(*text_pairs, frontend_epochs)))
     c.critic_no_info = ml_collections.ConfigDict(dict(overrides=()))
     c.vision = ml_collections.ConfigDict(dict(
-        critic_init="checkpoints/Qwen2-VL-7B-Instruct", init=dict(preset="qwen2-vl-7b", seed=0, std=0.02, overrides={}),
+        critic_init="Qwen/Qwen2-VL-7B-Instruct", init=dict(preset="qwen2-vl-7b", seed=0, std=0.02, overrides={}),
         # a side longer than the 7B plan's 8192 tokens (a long dialogue) is skipped and counted: images are never cut
         critic=dict(config="configs/vlm_critic_7b.py", overrides=("data.on_error=skip",))))
     c.critic_vision = ml_collections.ConfigDict(dict(overrides=()))

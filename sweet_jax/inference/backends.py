@@ -33,6 +33,7 @@ import time
 import weakref
 
 from sweet_jax.colbench.client import healthy
+from sweet_jax.files.hub import display_name
 
 log = logging.getLogger("sweet_jax.inference")
 BACKENDS = ("sweet_jax", "vllm", "describer", "endpoint")
@@ -122,7 +123,7 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
                    lora_rank: int = 0) -> list[str]:
     """The command line that serves `model` (an HF directory) on 127.0.0.1:`port` as `name`; with `lora_rank`
     (vLLM), a server that takes LoRA adapters of up to that rank at run time (`load_adapter`)."""
-    name = name or os.path.basename(os.path.abspath(model))
+    name = name or display_name(model)
     extra = shlex.split(s.extra_args)
     if s.backend == "sweet_jax":
         from sweet_jax.cli.app import command_line

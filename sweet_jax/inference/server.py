@@ -1,21 +1,22 @@
-"""Serving a model over the OpenAI API (`python -m sweet_jax.serve`): load it (an HF directory, or a training run's
-latest Orbax checkpoint) straight onto the mesh of `--mesh` (weights in bf16 on accelerators), build the
+"""Serving a model over the OpenAI API (`python -m sweet_jax.serve`): load it (an HF directory, a Hub id, or a
+training run's latest Orbax checkpoint) straight onto the mesh of `--mesh` (weights in bf16 on accelerators), build the
 continuously batching `Engine`, and run the `api` app under uvicorn. `ServeSettings` is the command's flags."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 from sweet_jax.cli.app import flag
+from sweet_jax.files.hub import display_name
 
 log = logging.getLogger("sweet_jax.serve")
 
 
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
-    model: str = flag(help="HF checkpoint directory, or a sweet_jax.train run directory", required=True)
+    model: str = flag(help="an HF checkpoint directory, a Hub id (owner/name[@revision]) or a sweet_jax.train run "
+                           "directory", required=True)
     adapter: str | None = flag(None, help="a PEFT LoRA adapter directory on top of --model (an HF directory), "
                                           "merged into its weights at load")
     tokenizer: str | None = flag(None, help="tokenizer directory (default: the model's, else the bundled one)")
@@ -63,7 +64,7 @@ def serve(s: ServeSettings) -> None:
     loaded = models.load_model(s.model, compute_dtype(s.dtype), inference_layout=True,
                                shardings=placement.stacked_shardings, adapter=s.adapter)
     engine = Engine(loaded.params, loaded.cfg, loaded.tokenizer(s.tokenizer), chat_format=s.chat_format,
-                    model_name=s.served_model_name or os.path.basename(os.path.abspath(s.model)),
+                    model_name=s.served_model_name or display_name(s.model),
                     max_batch=s.max_batch, max_model_len=min(s.max_model_len, loaded.cfg.max_position_embeddings),
                     stream_segment=s.stream_segment, prefill_chunk=s.prefill_chunk, page_size=s.page_size,
                     kv_pages=s.kv_pages, paged_kernel=s.paged_kernel, placement=placement,

@@ -21,7 +21,7 @@ from sweet_jax.models.llama import (Params, abstract_params, cache_logical_axes,
                                     forward_hidden, forward_on_prefix, inference_logical_axes, init_cache,
                                     init_paged_cache, init_params, lm_head_weight, param_logical_axes, param_shapes,
                                     repeat_kv_heads, token_values, unstack_layers)
-from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, model_config
+from sweet_jax.models.loading import LoadedModel, ModelLoadError, load_model, local_section, model_config
 
 ModelConfig = LlamaConfig  # the config type of every family so far (Qwen2Config, Qwen2VLConfig are LlamaConfigs)
 
@@ -31,6 +31,6 @@ __all__ = [
     "abstract_params", "attention",
     "attention_mask", "cache_logical_axes", "family", "family_of", "forward", "forward_cached", "forward_hidden",
     "forward_on_prefix", "inference_logical_axes", "init_cache", "init_paged_cache", "init_params", "lm_head_weight",
-    "load_config", "load_hf_params", "load_model", "model_config", "param_logical_axes", "param_shapes", "preset",
-    "repeat_kv_heads", "save_hf_params", "token_values", "unstack_layers",
+    "load_config", "load_hf_params", "load_model", "local_section", "model_config", "param_logical_axes",
+    "param_shapes", "preset", "repeat_kv_heads", "save_hf_params", "token_values", "unstack_layers",
 ]

@@ -11,6 +11,7 @@ import os
 from typing import NamedTuple
 
 from sweet_jax import chat
+from sweet_jax.files.hub import local_model
 from sweet_jax.models import kernel_choice, llama, lora
 from sweet_jax.models.model_configs import ConfigError, LoraSettings
 from sweet_jax.models.families import family_of, load_config, preset
@@ -44,11 +45,12 @@ def model_config(model_cfg, *, score_head: bool = False, tokenizer: str | None =
                      remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
                      matmul_precision=model_cfg.matmul_precision, score_head=score_head, lora=lora_settings(lora))
     if model_cfg.hf_path:
+        model_cfg = local_section(model_cfg)
         if not os.path.isdir(model_cfg.hf_path):
             raise ConfigError(
-                f"model directory {model_cfg.hf_path!r} not found. Download the weights (for the 8B recipes: "
-                f"meta-llama/Llama-3.1-8B-Instruct, e.g. `huggingface-cli download meta-llama/Llama-3.1-8B-Instruct "
-                f"--local-dir /data/llama-3.1-8b-instruct`) and point --config.model.hf_path at that directory.")
+                f"model directory {model_cfg.hf_path!r} not found. Give a Hub id (for the 8B recipes: "
+                f"--config.model.hf_path=meta-llama/Llama-3.1-8B-Instruct, downloaded into the Hub cache) or the "
+                f"directory of a downloaded checkpoint.")
         cfg = load_config(model_cfg.hf_path, **overrides)
     else:
         cfg = preset(model_cfg.preset, **overrides, **dict(model_cfg.preset_overrides))
@@ -92,10 +94,19 @@ class LoadedModel(NamedTuple):
         return chat.find_tokenizer(override, self.tokenizer_dir, chat_format=self.chat_format)
 
 
+def local_section(section: ModelSettings) -> ModelSettings:
+    """A model section whose `hf_path` is a local directory: a Hub id's snapshot in the Hub cache, downloaded first
+    unless offline (`files.hub.local_model`)."""
+    if not section.hf_path:
+        return section
+    return section.replace(hf_path=local_model(section.hf_path, "model.hf_path"))
+
+
 def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = False,
                shardings=None, adapter: str | None = None) -> LoadedModel:
-    """The model at `path`: an HF checkpoint directory, or a training run directory of `sweet_jax.train` (its latest
-    Orbax checkpoint; only the params are restored). `dtype` is the compute dtype; `inference_layout` returns the
+    """The model at `path`: an HF checkpoint directory, a Hub id (`owner/name[@revision]`, from the Hub cache,
+    downloaded first unless offline), or a training run directory of `sweet_jax.train` (its latest Orbax checkpoint;
+    only the params are restored). `dtype` is the compute dtype; `inference_layout` returns the
     params unstacked, per layer (`models.unstack_layers`), and stored in the compute dtype (bf16 weights for a bf16
     server). `shardings(cfg)` (for example `inference.placement.Placement.stacked_shardings`) gives the shardings of
     the stacked params: each array is then read straight onto its devices.
@@ -105,13 +116,16 @@ def load_model(path: str, dtype: str = "float32", *, inference_layout: bool = Fa
     LoRA adapter directory on top of an HF checkpoint at `path`."""
     import orbax.checkpoint as ocp
 
+    path = local_model(path)
+    if adapter:
+        adapter = local_model(adapter, "adapter", needs=("adapter_config.json",))
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
         if adapter:
             raise ModelLoadError(f"{path} is a training run; an adapter ({adapter}) goes on an HF checkpoint")
         run_file = os.path.join(path, "config.json")
         with open(run_file) as fh:
             run = json.load(fh)
-        section = ModelSettings.load(run["model"], source=run_file)
+        section = local_section(ModelSettings.load(run["model"], source=run_file))
         manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
         step = manager.latest_step()
         if step is None:
@@ -159,7 +173,7 @@ def initial_params(model_section, cfg, shardings=None) -> dict:
     adapters beside the base (B = 0: the model starts as its base)."""
     import jax
 
-    model_section = ModelSettings.of(model_section)
+    model_section = local_section(ModelSettings.of(model_section))
     if not model_section.hf_path:
         init = jax.jit(llama.init_params, static_argnums=(0, 2), out_shardings=shardings)
         return init(cfg, jax.random.key(model_section.init_seed), model_section.init_std)

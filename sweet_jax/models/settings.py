@@ -14,7 +14,8 @@ from sweet_jax.models.model_configs import ATTENTION_IMPLS, DTYPES, LORA_TARGETS
 class ModelSettings(Section):
     where = "model."
 
-    hf_path: str = setting("", "an HF checkpoint directory; empty: random init from `preset`")
+    hf_path: str = setting("", "an HF checkpoint directory or a Hub id (owner/name[@revision], downloaded into the "
+                               "Hub cache, read from it offline); empty: random init from `preset`")
     preset: str = setting("tiny", "the architecture when hf_path is empty (`models.preset`: tiny, llama3.1-8b, ...)")
     preset_overrides: dict[str, Any] = setting(meaning="config fields changed from the preset's "
                                                        "(hidden_size=64, vocab_size=8192, ...)", factory=dict)

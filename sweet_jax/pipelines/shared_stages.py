@@ -12,8 +12,9 @@ import dataclasses
 import json
 import os
 
-from sweet_jax.ranking import candidates, selection
+from sweet_jax.files.hub import display_name
 from sweet_jax.pipelines.stage_runner import ROOT, Run, Stage, StageError
+from sweet_jax.ranking import candidates, selection
 from sweet_jax.runs.run_layout import RELATIVE as rel
 
 ABLATIONS = ("critic_no_info", "critic_head", "critic_value")
@@ -32,7 +33,7 @@ def collect(run: Run, stage: str, tasks: str, output: str, agent_model: str, rol
             "tasks": tasks, "output": output, "limit": c.limit if limit is None else limit, "rollouts": rollouts,
             "max_steps": c.max_steps, "concurrency": c.concurrency, "agent.base_url": agent,
             "agent.model": run.served_name(agent_model, "agent"), "agent.max_tokens": c.agent_max_tokens,
-            "simulator.base_url": sim, "simulator.model": os.path.basename(run.simulator.rstrip("/")),
+            "simulator.base_url": sim, "simulator.model": display_name(run.simulator),
             "simulator.max_tokens": c.simulator_max_tokens, **frontend})
     return rewards(output, run.frontend)
 

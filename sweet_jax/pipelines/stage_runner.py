@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 from sweet_jax.cli.app import command_line
 from sweet_jax.files.atomic import write_json
+from sweet_jax.files.hub import display_name, local_model
 from sweet_jax.runs.run_layout import RunLayout
 
 log = logging.getLogger("sweet_jax.pipeline")
@@ -86,6 +87,7 @@ class Run:
         self.cfg, self.python = load_pipeline_config(cfg), python  # `pipeline_config.PipelineConfig`
         self.dir = os.path.abspath(self.cfg.run_dir)
         self.layout = RunLayout(self.dir)  # where each of the run's files lies
+        self._models: dict[str, str] = {}  # policy_init and simulator given as Hub ids: their local snapshots
         self._servers: dict[tuple, object] = {}  # kept servers (`ManagedServer`), by model path and settings
         self._running: list = []  # every started server still up, kept or not
         self._lock = threading.Lock()
@@ -103,12 +105,20 @@ class Run:
     def path(self, *parts: str) -> str:
         return self.layout.path(*parts)
 
+    def resolve_models(self) -> None:
+        """`policy_init` and `simulator` given as Hub ids, as directories in the Hub cache (downloaded first unless
+        offline), before any stage runs: every job and server then reads the same snapshot, and a missing model is
+        said at start-up. A simulator on an endpoint or the describer is a served name, not resolved."""
+        self._models = {"policy_init": local_model(self.cfg.policy_init, "policy_init")}
+        if self.backend("simulator").backend not in ("endpoint", "describer"):
+            self._models["simulator"] = local_model(self.cfg.simulator, "simulator")
+
     @property
     def policy_init(self) -> str:
         """The initial policy: `policy_init`, else a shared base's pre-trained model (`base.run_dir`), else the
         pre-trained model, else the random init."""
         if self.cfg.policy_init:
-            return self.cfg.policy_init
+            return self._models.get("policy_init", self.cfg.policy_init)
         if self.cfg.shared_base:
             return self.cfg.shared_base
         return self.layout.export("pretrain" if self.cfg.pretrain.config else "init")
@@ -147,7 +157,7 @@ class Run:
 
     @property
     def simulator(self) -> str:
-        return self.cfg.simulator or self.policy_init
+        return self._models.get("simulator", self.cfg.simulator) or self.policy_init
 
     def job(self, stage: str, module: str, settings=None, **kw) -> None:
         """Run `python -m sweet_jax.<module>` with `settings` (a settings dataclass) or a job config (`config=`,
@@ -255,7 +265,7 @@ class Run:
 
             if lora_export(model):
                 return os.path.basename(os.path.dirname(os.path.abspath(model)))
-        return os.path.basename(os.path.abspath(model))
+        return display_name(model)
 
     def _with_adapter(self, server, name: str, adapter: str) -> None:
         """`adapter` loaded into `server` as `name`, now and after every restart (once per server and name)."""
@@ -327,6 +337,7 @@ def run_pipeline(cfg, stages: Sequence[Stage], *, only: str | None = None, start
         if name is not None and name not in names:
             raise StageError(f"unknown stage {name!r}; the stages are {', '.join(names)}")
     run = Run(cfg, python)
+    run.resolve_models()
     os.makedirs(run.dir, exist_ok=True)
     write_json(run.layout.config, json.loads(run.cfg.to_config_dict().to_json()))
     if chosen:

@@ -30,6 +30,7 @@ import dataclasses
 
 from sweet_jax.chat import DEFAULT_FORMAT, get_format
 from sweet_jax.cli.app import flag
+from sweet_jax.files.hub import display_name
 
 DTYPES = ("float32", "bfloat16")
 JUDGE_KINDS = ("critic", "head", "value", "llm")
@@ -37,7 +38,7 @@ JUDGE_KINDS = ("critic", "head", "value", "llm")
 
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
-    model: str = flag(help="the sampling policy: an HF directory or a training run", required=True)
+    model: str = flag(help="the sampling policy: an HF directory, a Hub id or a training run", required=True)
     adapter: str | None = flag(None, help="a PEFT LoRA adapter directory on top of --model (an HF directory)")
     input: str = flag(help="trajectory JSONL (official layout)", required=True)
     output: str = flag(help="the sampled states, JSONL (OUT.partial while it runs)", required=True)
@@ -171,7 +172,7 @@ def sample(s: SampleSettings) -> dict:
 
         loaded = models.LoadedModel(models.load_config(s.model), None,
                                     s.model if chat.has_tokenizer(s.model) else None)
-        server = endpoints.Server(s.base_url, os.path.basename(os.path.abspath(s.model)), concurrency=s.batch)
+        server = endpoints.Server(s.base_url, display_name(s.model), concurrency=s.batch)
     else:
         loaded = models.load_model(s.model, s.dtype, inference_layout=True, shardings=placement.stacked_shardings,
                                    adapter=s.adapter)

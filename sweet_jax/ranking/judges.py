@@ -29,6 +29,7 @@ from __future__ import annotations
 from sweet_jax import chat
 from sweet_jax.data.examples import INFO_TEMPLATE
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.hub import display_name
 
 KINDS = ("critic", "head", "value", "llm")
 
@@ -121,7 +122,7 @@ class Judge:
         self.cfg, self.params = loaded.cfg, loaded.params
         self.placement = placement
         self.key = (base_url or os.path.realpath(model), adapter and os.path.realpath(adapter), dtype)
-        self.score = _scorer(loaded, base_url, os.path.basename(os.path.abspath(model)), placement)
+        self.score = _scorer(loaded, base_url, display_name(model), placement)
         if self.cfg.score_head != (kind in ("head", "value")):
             raise DataError(f"{model}: a judge of kind {kind!r} needs " + (
                 "a score-head model (a critic trained with objective 'reward' or 'value')"
@@ -129,7 +130,7 @@ class Judge:
         self.ref = self.ref_key = None
         if reference_model and kind == "critic":
             ref = _config_only(reference_model) if reference_url else shared_model(reference_model, dtype, placement)
-            self.ref = _scorer(ref, reference_url, os.path.basename(os.path.abspath(reference_model)), placement)
+            self.ref = _scorer(ref, reference_url, display_name(reference_model), placement)
             if ref.cfg.vocab_size != self.cfg.vocab_size:
                 raise DataError("the reference model's vocabulary differs from the critic's")
             self.ref_key = (reference_url or os.path.realpath(reference_model), dtype)

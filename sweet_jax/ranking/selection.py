@@ -30,6 +30,7 @@ from collections.abc import Callable
 from sweet_jax.cli.app import flag
 from sweet_jax.colbench.env import BackendEpisode, Episode, FrontendEpisode
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.hub import display_name
 from sweet_jax.ranking.candidates import DTYPES, JUDGE_KINDS
 
 JUDGE_SPEC = "NAME=MODEL_DIR[:head|:value|:llm|:vision][:no-info][:sum][:no-header][:no-target]"
@@ -176,7 +177,7 @@ def _served_replies(s: SelectionSettings) -> Callable[[list[str], dict[str, Epis
     """The simulated human behind `--simulator_url`: each distinct request's messages, sent greedy."""
     from sweet_jax.ranking.endpoints import Server, chat_replies
 
-    server = Server(s.simulator_url, os.path.basename(s.simulator.rstrip("/")), concurrency=s.batch * 4)
+    server = Server(s.simulator_url, display_name(s.simulator), concurrency=s.batch * 4)
 
     def replies(prompts: list[str], asked: dict[str, Episode]) -> list[str]:
         return chat_replies(server, [asked[p].simulator_messages() for p in prompts], temperature=0.0,

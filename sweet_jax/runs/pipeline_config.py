@@ -184,9 +184,10 @@ class PipelineConfig(Section):
 
     task_type: Literal[TASK_TYPES] = setting("backend", "the track: backend, frontend, testbed or testbed_base")
     run_dir: str = setting("runs/pipeline", "where every stage writes")
-    policy_init: str = setting("", "an HF directory; empty: the pre-trained tiny model (or the random init)")
-    simulator: str = setting("", "an HF directory served as the simulated human (or the id the describer serves); "
-                                 "empty: the initial policy model")
+    policy_init: str = setting("", "an HF directory or a Hub id (owner/name[@revision], downloaded into the Hub "
+                                   "cache); empty: the pre-trained tiny model (or the random init)")
+    simulator: str = setting("", "an HF directory or a Hub id served as the simulated human (or the id the "
+                                 "describer or an endpoint serves); empty: the initial policy model")
     init: InitSettings = section(InitSettings, "the random init of the tiny model")
     tasks: TaskSettings = section(TaskSettings, "the generated tasks")
     pretrain: JobSettings = section(JobSettings, "pre-training on the domain's dialogues (empty config: none)")

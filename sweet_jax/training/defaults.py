@@ -27,7 +27,7 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
     micro-batch 1, bf16 compute over f32 master weights, the official multi-turn mask."""
     c = base_config()
     c.objective = objective
-    c.model.hf_path = "checkpoints/Llama-3.1-8B-Instruct"
+    c.model.hf_path = "meta-llama/Llama-3.1-8B-Instruct"
     c.model.preset = "llama3.1-8b"  # the architecture for `sweet_jax.plan` when hf_path is not at hand
     c.model.compute_dtype = "bfloat16"
     c.model.remat_policy = "dots_no_batch"
@@ -84,7 +84,7 @@ def derived_from(config_file: str, sibling: str) -> ml_collections.ConfigDict:
 
 def to_70b(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """The same recipe on Llama-3.1-70B-Instruct (Table 4), with full rematerialisation."""
-    c.model.hf_path = "checkpoints/Llama-3.1-70B-Instruct"
+    c.model.hf_path = "meta-llama/Llama-3.1-70B-Instruct"
     c.model.preset = "llama3.1-70b"
     c.model.remat_policy = "full"
     c.train.output_dir = f"runs/{name}"

@@ -23,7 +23,7 @@ def export_run(job: Job, params: dict) -> None:
         out = os.path.join(job.run_dir, "adapter")
         with atomic_directory(out) as target:
             lora.save_peft_adapter(target, jax.device_get(params["lora"]), model_cfg, model_cfg.lora,
-                                   base_model=os.path.abspath(cfg.model.hf_path) if cfg.model.hf_path else "")
+                                   base_model=job.base_model)
             job.tokenizer.save_pretrained(target)
         log.info("exported the LoRA adapter (PEFT's format) to %s", out)
     if cfg.train.export_hf:

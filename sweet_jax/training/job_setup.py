@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from sweet_jax import chat, models
 from sweet_jax.files.atomic import atomic_file, write_text
+from sweet_jax.files.hub import HubError, hub_id
 from sweet_jax.models import lora
 from sweet_jax.models.loading import initial_params
 from sweet_jax.models.qwen2_vl_images import ImageSettings
@@ -79,6 +80,7 @@ class Job:
     state: dict
     manager: ocp.CheckpointManager
     start: int  # the first step to run (after a restore: the checkpoint's)
+    base_model: str = ""  # `model.hf_path` as given (a Hub id stays an id): an adapter's base, as PEFT records it
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -264,6 +266,11 @@ def set_up(config) -> Job:
     os.makedirs(run_dir, exist_ok=True)
     if leader:
         write_text(os.path.join(run_dir, "config.json"), cfg.to_config_dict().to_json_best_effort(indent=2))
+    base_model = cfg.model.hf_path if hub_id(cfg.model.hf_path) else os.path.abspath(cfg.model.hf_path)
+    try:  # a Hub id: its snapshot in the Hub cache, downloaded first unless offline; the run's config keeps the id
+        cfg = cfg.replace(model=models.local_section(cfg.model))
+    except HubError as e:
+        raise SetupError(str(e)) from None
     model_cfg = job_model(cfg)
     tokenizer, pad_id, train, held_out, stats = _data(cfg, model_cfg, run_dir)
     accumulation, steps_per_epoch, total_steps, tx = _schedule(cfg, len(train.items))
@@ -296,4 +303,5 @@ def set_up(config) -> Job:
                accumulation=accumulation, layout=layout, pack=pack, batcher=batcher,
                train_step=layout.train_step(dropout_seed=cfg.train.seed, **loss_kw),
                eval_step=layout.eval_step(**loss_kw), score_fn=score_fn, ref_train=ref_train, ref_eval=ref_eval,
-               frozen=frozen, state=state, manager=manager, start=int(state["step"]))
+               frozen=frozen, state=state, manager=manager, start=int(state["step"]),
+               base_model=base_model if cfg.model.hf_path else "")
