@@ -30,6 +30,7 @@ class FakeOpenAI:
         self.frontend = frontend
         self.chat_reply = chat_reply  # body -> reply text, instead of the simulator's fixed reply
         self.chat_images: list[int] = []  # image parts per simulator request
+        self.asked: dict[int, int] = {}  # agent requests per task (its line number)
         self.by_description = {t["problem_description"].strip(): (i, t) for i, t in enumerate(tasks)}
         self.fault_rate = fault_rate
         self.slow_s = slow_s
@@ -99,6 +100,8 @@ class FakeOpenAI:
     def agent(self, prompt: str) -> str:
         first_user = prompt.split(USER_HEADER, 1)[1].split("<|eot_id|>", 1)[0].strip()
         index, task = self.by_description[first_user]
+        with self.lock:
+            self.asked[index] = self.asked.get(index, 0) + 1
         if prompt.count(USER_HEADER) == 1:
             return DRAFT_PAGE if self.frontend else QUESTION
         if self.frontend:

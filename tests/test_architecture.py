@@ -25,8 +25,8 @@ LAYERS = (
     ("reporting",),
     ("pipelines",),
 )
-COMMANDS = ("best_of_n", "collect", "config", "describer", "evaluate", "import_gguf", "pipeline", "plan", "random_init",
-            "report", "serve", "tasks", "testbed", "train")
+COMMANDS = ("best_of_n", "collect", "config", "describer", "evaluate", "evaluate_model", "import_gguf", "pipeline", "plan",
+            "random_init", "report", "serve", "tasks", "testbed", "train")
 JAX_ROOTS = ("jax", "jaxlib", "flax", "optax", "orbax")
 
 
