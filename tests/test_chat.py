@@ -176,36 +176,53 @@ def test_parse_text_inverts_render_text():
         assert parsed[0]["content"].endswith("Be brief.")
 
 
-def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_without_torch(tmp_path):
-    """`load_tokenizer` gives the class, tokens, specials and chat template that AutoTokenizer gives, for the bundled
-    tokenizer and for a model export's copy of it (tokenizer_class "TokenizersBackend"), and a process that loads it
-    has not imported torch (AutoTokenizer's import does, when torch is installed)."""
+def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_without_transformers(tmp_path):
+    """`load_tokenizer` gives the tokens, decodings, specials, vocabulary and chat template that AutoTokenizer gives,
+    for the bundled tokenizer, its 8k cut, SmolLM2's (ChatML) and a model export's copy (tokenizer_class
+    "TokenizersBackend"); what it saves loads as AutoTokenizer loads the original; and a process that loads one,
+    encodes and decodes has imported neither transformers nor torch (a job's start pays for neither)."""
     import json
     import subprocess
     import sys
 
     import budget
+    from system import smollm2_dir
     from transformers import AutoTokenizer
+
+    from sweet_jax.chat import tokenizer_dir
 
     bundled = bundled_llama3_tokenizer_dir()
     AutoTokenizer.from_pretrained(bundled).save_pretrained(tmp_path / "export")
     assert json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
         "TokenizersBackend"
     texts = ["<|start_header_id|>user<|end_header_id|>\n\nWrite `def f(x):\n    return x`<|eot_id|>",
-             "  leading spaces, \u00e9t\u00e9, \u4e2d\u6587, emoji \U0001f600 and <|reserved_special_token_7|>", ""]
-    for directory in (bundled, str(tmp_path / "export")):
+             "  leading spaces, \u00e9t\u00e9, \u4e2d\u6587, emoji \U0001f600 and <|reserved_special_token_7|>",
+             "<|im_start|>user\nIt 's a test , isn 't it ?<|im_end|>", ""]
+    for directory in (bundled, str(tmp_path / "export"), tokenizer_dir("bundled:llama3-8k"), smollm2_dir()):
         auto, ours = AutoTokenizer.from_pretrained(directory), load_tokenizer(directory)
-        assert type(ours) is type(auto) and len(ours) == len(auto)
+        assert len(ours) == len(auto) and ours.get_vocab() == auto.get_vocab()
         assert ours.all_special_ids == auto.all_special_ids and ours.chat_template == auto.chat_template
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+            assert getattr(ours, name) == getattr(auto, name), name
+        tokens = ["<|eot_id|>", "<|im_end|>", "hello", "not-a-token-at-all"]
+        assert ours.convert_tokens_to_ids(tokens) == auto.convert_tokens_to_ids(tokens)
         for text in texts:
             for special in (True, False):
                 ids = auto.encode(text, add_special_tokens=special)
                 assert ours.encode(text, add_special_tokens=special) == ids
                 for skip in (True, False):
                     assert ours.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+        saved = tmp_path / ("saved_" + str(abs(hash(directory))))
+        ours.save_pretrained(str(saved))
+        again = AutoTokenizer.from_pretrained(str(saved))
+        assert again.get_vocab() == auto.get_vocab() and again.chat_template == auto.chat_template
+        assert [again.encode(t) for t in texts] == [auto.encode(t) for t in texts]
     code = ("import sys; from sweet_jax.chat import load_tokenizer; from sweet_jax.chat.llama3 import "
-            "bundled_llama3_tokenizer_dir as d; load_tokenizer(d()); load_tokenizer(sys.argv[1]); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+            "bundled_llama3_tokenizer_dir as d; t = load_tokenizer(d()); u = load_tokenizer(sys.argv[1]); "
+            "assert t.decode(t.encode('hi <|eot_id|>')) == u.decode(u.encode('hi <|eot_id|>')); "
+            "assert t.eos_token_id is not None and len(t) > 128000; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert 'transformers' not in sys.modules, 'transformers imported'")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "export")], capture_output=True, text=True,
                           timeout=budget.time_left())
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -31,24 +31,147 @@ FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """Load an HF tokenizer directory (local; nothing is downloaded). A directory whose tokenizer_config.json names
-    one of `FAST_CLASSES` is loaded by that class directly, as AutoTokenizer would load it: importing AutoTokenizer
-    imports torch whenever torch is installed (several seconds of every job's start on a CPU)."""
+    """Load an HF tokenizer directory (local; nothing is downloaded). A byte-level BPE `tokenizer.json` whose
+    tokenizer_config.json names one of `FAST_CLASSES` (the Llama-3 and SmolLM2 tokenizers, and every export of a model
+    that has one) is a `FastTokenizer`: the `tokenizers` library alone, which is what transformers' class runs too;
+    importing transformers' tokenizer classes costs ~0.9 s of every job's start on a CPU (AutoTokenizer, several
+    seconds: it imports torch when installed), so that happens only when something beyond encoding and decoding is
+    asked for. Any other directory is loaded by AutoTokenizer."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: tokenizer directory not found")
     try:
         with open(os.path.join(path, "tokenizer_config.json")) as f:
-            named = json.load(f).get("tokenizer_class")
+            config = json.load(f)
+        named = config.get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
-        named = None
+        config, named = {}, None
     if named in FAST_CLASSES and os.path.exists(os.path.join(path, "tokenizer.json")):
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        fast = FastTokenizer(path, config)
+        if fast.is_bpe:
+            return fast
+        return fast.hf  # transformers post-processes the decoding of the others (clean_up_tokenization_spaces)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _token_text(value) -> str | None:
+    """A special token of tokenizer_config.json: a string, or an AddedToken's dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+class FastTokenizer:
+    """An HF tokenizer directory's `tokenizer.json` through the `tokenizers` library, with the part of transformers'
+    `PreTrainedTokenizerFast` that the jobs use: `encode`, `decode`, the special tokens' ids, `convert_tokens_to_ids`,
+    `get_vocab`, `len`, and `save_pretrained` (the directory's tokenizer files, copied as they are). transformers'
+    class runs the same `tokenizers` calls for these, and skips its decoding clean-up for BPE models, so the results
+    are the same token for token (`tests/test_chat.py` checks them against it). Anything else (`apply_chat_template`,
+    `__call__`, `add_special_tokens`, ...) is transformers' tokenizer of the same directory, loaded on first use
+    (`hf`); from then on every call goes to it, so a tokenizer changed through it stays one tokenizer."""
+
+    FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+    def __init__(self, path: str, config: dict):
+        from tokenizers import Tokenizer
+
+        self.name_or_path, self._config, self._hf = path, config, None
+        self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self.is_bpe = type(self._tok.model).__name__ == "BPE"
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            setattr(self, name, _token_text(config.get(name)))
+
+    @property
+    def hf(self):
+        """transformers' tokenizer of the same directory (imported and loaded once, when first asked for)."""
+        if self._hf is None:
+            from transformers import PreTrainedTokenizerFast
+
+            self._hf = PreTrainedTokenizerFast.from_pretrained(self.name_or_path, local_files_only=True)
+        return self._hf
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_hf", "_tok", "_config"):
+            raise AttributeError(name)
+        return getattr(self.hf, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.hf(*args, **kwargs)
+
+    def __len__(self) -> int:
+        if self._hf is not None:
+            return len(self._hf)
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _id(self, name: str) -> int | None:
+        if self._hf is not None:
+            return getattr(self._hf, name + "_id")
+        token = getattr(self, name)
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id("eos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._id("pad_token")
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._id("unk_token")
+
+    @property
+    def chat_template(self) -> str | None:
+        if self._hf is not None:  # transformers' tokenizer is the one that renders: its template, set or loaded
+            return self._hf.chat_template
+        file = os.path.join(self.name_or_path, "chat_template.jinja")
+        if os.path.exists(file):
+            with open(file) as fh:
+                return fh.read()
+        return self._config.get("chat_template")
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self.hf.chat_template = template
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._hf is not None:
+            return self._hf.encode(text, add_special_tokens=add_special_tokens)
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if self._hf is not None:
+            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        if isinstance(ids, int):
+            ids = [ids]
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def convert_tokens_to_ids(self, tokens):
+        if self._hf is not None:
+            return self._hf.convert_tokens_to_ids(tokens)
+        if isinstance(tokens, str):
+            found = self._tok.token_to_id(tokens)
+            return self.unk_token_id if found is None else found
+        return [self.convert_tokens_to_ids(t) for t in tokens]
+
+    def get_vocab(self) -> dict[str, int]:
+        if self._hf is not None:
+            return self._hf.get_vocab()
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def save_pretrained(self, directory: str) -> None:
+        if self._hf is not None:
+            self._hf.save_pretrained(directory)
+            return
+        os.makedirs(directory, exist_ok=True)
+        for name in self.FILES:
+            if os.path.exists(os.path.join(self.name_or_path, name)):
+                shutil.copyfile(os.path.join(self.name_or_path, name), os.path.join(directory, name))
 
 
 def tokenizer_dir(*candidates: str | None, chat_format: str | None = None) -> str:
