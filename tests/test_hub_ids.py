@@ -20,20 +20,25 @@ from huggingface_hub import constants
 from system import start_server
 
 from sweet_jax import chat, models
+from sweet_jax.colbench import synthetic
+from sweet_jax.colbench.task_sets import load_tasks
+from sweet_jax.data.trajectories import read_trajectories
 from sweet_jax.files.hub import HubError, display_name, hub_id, local_model
 from sweet_jax.runs.run_layout import RunLayout
 from sweet_jax.training.defaults import TINY_MODEL, TINY_TOKENIZER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = "tiny-org/tiny-llama"
+DATA = "tiny-org/colbench-mini"  # a Hub dataset: test_tasks.jsonl and trajectories.jsonl
 MAIN = "1" * 40  # the commit `main` names
 V2 = "2" * 40  # the commit the tag `v2` names: one layer instead of two
 
 
-def lay_out(cache: str, repo: str, files_from: str, commit: str, refs=("main",)) -> str:
-    """`files_from`'s files as the Hub cache holds `repo` at `commit`: each file a blob named by its hash, the
-    snapshot's entries relative symlinks to them, and `refs/NAME` holding the commit. Returns the snapshot."""
-    root = os.path.join(cache, "models--" + repo.replace("/", "--"))
+def lay_out(cache: str, repo: str, files_from: str, commit: str, refs=("main",), kind: str = "models") -> str:
+    """`files_from`'s files as the Hub cache holds `repo` (of `kind`: models, datasets) at `commit`: each file a
+    blob named by its hash, the snapshot's entries relative symlinks to them, and `refs/NAME` holding the commit.
+    Returns the snapshot."""
+    root = os.path.join(cache, f"{kind}--" + repo.replace("/", "--"))
     snapshot = os.path.join(root, "snapshots", commit)
     os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
     os.makedirs(os.path.join(root, "refs"), exist_ok=True)
@@ -68,7 +73,14 @@ def hub(tmp_path_factory):
     _tiny_model(str(root / "model_v2"), 1)
     os.makedirs(root / "broken")
     (root / "broken" / "tokenizer.json").write_text("{}")
+    os.makedirs(root / "data")
+    synthetic.write_dataset(root / "data" / "trajectories.jsonl", num_tasks=4, rollouts=2, seed=0)
+    tasks = [json.loads(line)["task"] for line in open(root / "data" / "trajectories.jsonl")][:4]
+    with open(root / "data" / "test_tasks.jsonl", "w") as fh:
+        fh.writelines(json.dumps(t) + "\n" for t in tasks)
+    lay_out(cache, DATA, str(root / "data"), MAIN, refs=("main", "v1"), kind="datasets")
     return {"cache": cache, "model": str(root / "model"), "main": lay_out(cache, REPO, str(root / "model"), MAIN),
+            "data": str(root / "data"),
             "v2": lay_out(cache, REPO, str(root / "model_v2"), V2, refs=("v2",)),
             "broken": lay_out(cache, "tiny-org/broken", str(root / "broken"), MAIN)}
 
@@ -99,6 +111,20 @@ def test_an_id_a_tag_and_a_pinned_commit_resolve_offline_to_their_snapshots(offl
     assert by_id.cfg.num_layers == 2
     for a, b in zip(jax.tree.leaves(by_id.params), jax.tree.leaves(by_dir.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_task_sets_and_trajectories_read_a_file_of_a_hub_dataset_offline(offline_cache):
+    hub = offline_cache
+    local = load_tasks(os.path.join(hub["data"], "test_tasks.jsonl"), "backend")
+    assert load_tasks(f"{DATA}:test_tasks.jsonl", "backend") == local
+    assert load_tasks(f"{DATA}@v1:test_tasks.jsonl", "backend", limit=2) == local[:2]
+    assert len(local) == 4
+    by_id = [t.answer for t in read_trajectories(f"{DATA}@{MAIN}:trajectories.jsonl")]
+    assert by_id == [t.answer for t in read_trajectories(os.path.join(hub["data"], "trajectories.jsonl"))]
+    assert len(by_id) == 8
+    with pytest.raises(HubError, match=r"'absent.jsonl' of the Hub dataset 'tiny-org/colbench-mini' \(revision v9\): "
+                                       r"not in the Hub cache"):
+        load_tasks(f"{DATA}@v9:absent.jsonl", "backend")
 
 
 @pytest.mark.parametrize("name, said", [

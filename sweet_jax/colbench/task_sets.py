@@ -1,7 +1,9 @@
 """ColBench task files: loading and validation. Imports no JAX.
 
-`load_tasks(source, task_type)` reads the official task JSONL from a local path, or from the Hugging Face hub through
-`datasets` ("facebook/collaborative_agent_bench:backend_tasks/test.jsonl": a dataset name, then the file in it). Every
+`load_tasks(source, task_type)` reads the official task JSONL from a local path, or one file of a Hugging Face Hub
+dataset ("facebook/collaborative_agent_bench:backend_tasks/test.jsonl": the dataset, then the file in it; "...@REV:..."
+pins a revision), downloaded into the Hub cache and read from it offline (`files.hub`), or a whole Hub dataset's
+test split through `datasets` ("owner/name"). Every
 record is checked, and a bad one raises `DataError` naming the file, the line and the field. A task's id is its
 0-based line number in the file, as in the official scripts (the backend test set is the first 1000 lines).
 
@@ -17,6 +19,7 @@ import os
 import re
 
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.hub import hub_file, local_dataset_file
 
 TASK_TYPES = ("backend", "frontend")
 _REQUIRED = {"backend": ("problem_description", "ground_truth", "test_cases"),
@@ -87,6 +90,8 @@ def load_tasks(source: str, task_type: str, limit: int | None = None) -> list[di
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if os.path.exists(source):
         return _read_jsonl(source, task_type, limit)
+    if hub_file(source):  # one file of a Hub dataset, through the Hub cache (a pinned revision allowed)
+        return _read_jsonl(local_dataset_file(source), task_type, limit)
     if not re.fullmatch(r"[\w.-]+/[\w.-]+(:.+)?", source):  # not "owner/dataset[:file]": a missing local path
         raise DataError(f"{source}: no such file")
     return _read_hub(source, task_type, limit)

@@ -4,8 +4,9 @@
                                          {"role": "assistant", "content": ..., "input": ..., "output": ...}, ...],
      "answer": str, "reward": float}
 
-Everything goes through HF `datasets`: a local `.jsonl` is read as raw text lines (so every error can name its exact
-line), a `.parquet` file or a hub dataset name as rows (errors name the row number). `streaming=True` never loads the
+A local `.jsonl` is read as raw text lines (so every error can name its exact line), a `.parquet` file or a hub
+dataset name through HF `datasets`, as rows (errors name the row number); `owner/name[@revision]:file` is that file
+of a Hub dataset, from the Hub cache (`files.hub.local_dataset_file`), read as a local file. `streaming=True` never loads the
 whole file. Each record is validated; a bad one raises `DataError` naming file:line:field, or is counted and skipped
 with `on_error="skip"`.
 """
@@ -21,6 +22,7 @@ import os
 from typing import Any, Iterator
 
 from sweet_jax.files.errors import DataError
+from sweet_jax.files.hub import local_dataset_file
 from sweet_jax.files.jsonl import parse_object
 
 ROLES = ("user", "assistant")
@@ -113,6 +115,7 @@ def _rows(path: str, streaming: bool, split: str) -> Iterator[tuple[str, Any]]:
     """(where, parsed record or a DataError) for every row: a local JSONL file line by line, parquet files and hub
     datasets through HF datasets (whose import, for a JSONL file, would cost more than reading it: it imports torch
     whenever torch is installed)."""
+    path = local_dataset_file(path)  # `owner/name[@revision]:file`: that file of a Hub dataset, from the Hub cache
     local = os.path.exists(path)
     if local and path.endswith((".jsonl", ".json")):
         with open(path, encoding="utf-8") as lines:

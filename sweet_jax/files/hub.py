@@ -7,6 +7,9 @@ by `huggingface_hub` into its cache (`HF_HUB_CACHE`, by default `~/.cache/huggin
 needs: configs, safetensors weights, tokenizer and chat template, never `original/`'s consolidated checkpoints), with
 a progress bar, once; afterwards, and offline (`HF_HUB_OFFLINE=1`), it is read from the cache, as vLLM and
 transformers read it. Errors say which id, which revision, and what is missing.
+
+A data file of a Hub dataset is named `owner/name[@REVISION]:path/in/repo.jsonl` (task sets, trajectories):
+`local_dataset_file` downloads that one file into the same cache, or finds it there offline.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 from sweet_jax.files.errors import DataError
 
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
+HUB_FILE = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?:(?P<file>[^:]+)")
 MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 SKIPPED = ("original/*",)  # the consolidated PyTorch checkpoints of Meta's repositories: as large as the weights
 
@@ -79,3 +83,40 @@ def local_model(name: str, what: str = "model", needs: tuple[str, ...] = ("confi
         raise HubError(f"{what} {at}: its snapshot {path} has no {', '.join(missing)}"
                        + (" (the cache holds part of it; run once online to complete it)" if offline else ""))
     return path
+
+
+def hub_file(name: str) -> tuple[str, str | None, str] | None:
+    """(dataset repository, revision or None, file) when `name` is `owner/name[@revision]:file` and not a path that
+    exists here; else None."""
+    if not name or os.path.exists(name) or name.startswith(("/", ".", "~")):
+        return None
+    m = HUB_FILE.fullmatch(name)
+    return (m["repo"], m["revision"], m["file"]) if m else None
+
+
+def local_dataset_file(name: str) -> str:
+    """The local path of `name`: itself when it is not `owner/name[@revision]:file`, else that file of the Hub dataset,
+    from the Hub cache (downloaded first unless offline)."""
+    found = hub_file(name)
+    if found is None:
+        return name
+    repo, revision, file = found
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    at = f"{file!r} of the Hub dataset {repo!r} (revision {revision or 'main'})"
+    try:
+        return huggingface_hub.hf_hub_download(repo, file, repo_type="dataset", revision=revision)
+    except errors.LocalEntryNotFoundError:
+        how = "the Hub is offline (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        raise HubError(f"{at}: not in the Hub cache {constants.HF_HUB_CACHE}, and {how}; download it "
+                       f"(`huggingface-cli download --repo-type dataset {repo} {file}"
+                       f"{' --revision ' + revision if revision else ''}`) or give a local file") from None
+    except errors.EntryNotFoundError:
+        raise HubError(f"{at}: the repository has no such file") from None
+    except errors.RevisionNotFoundError:
+        raise HubError(f"{at}: the repository has no revision {revision!r}") from None
+    except errors.GatedRepoError:
+        raise HubError(f"{at}: a gated repository; accept its terms on the Hub and log in") from None
+    except errors.RepositoryNotFoundError:
+        raise HubError(f"{at}: no such dataset on the Hub (or it is private: log in, or set HF_TOKEN)") from None

@@ -160,7 +160,8 @@ def _roll_out(s: ModelEvalSettings) -> dict:
 
     model = local_model(s.model, "--model")
     adapter = local_model(s.adapter, "--adapter", needs=("adapter_config.json",)) if s.adapter else ""
-    agent_name = s.agent_name or display_name(s.model)
+    # with an adapter the agent is not the base: on vLLM both are served, the adapter under its own name
+    agent_name = s.agent_name or display_name(s.model) + ("-adapter" if adapter else "")
     sim_backend = s.simulator_backend or s.backend
     sim_model = s.simulator or s.model
     with contextlib.ExitStack() as stack:
