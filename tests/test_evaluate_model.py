@@ -16,6 +16,7 @@ import pytest
 from fake_openai import FakeOpenAI
 from system import colbench_file, needs_bwrap, smollm2_dir
 
+from sweet_jax.colbench import synthetic
 from sweet_jax.files.jsonl import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,3 +124,40 @@ def test_smollm2_served_by_vllm_on_real_tasks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_against_evaluate(out, tmp_path)
     assert "vllm.entrypoints.openai.api_server" in (out / "logs" / "agent.serve.log").read_text()
+
+
+@pytest.mark.slow
+def test_an_adapter_on_its_base_plays_as_the_merged_model(tmp_path):
+    """`--model BASE --adapter PEFT_DIR` rolls out exactly what the merged model rolls out (the same seeded turns);
+    the adapter's weights are far from zero, so a server that ignored it would say something else."""
+    import jax
+
+    from sweet_jax import chat, models
+    from sweet_jax.models import lora
+    from sweet_jax.training.defaults import TINY_MODEL, TINY_TOKENIZER
+
+    cfg = models.LlamaConfig.preset("tiny", **{**TINY_MODEL, "num_layers": 1})
+    settings = models.model_configs.LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
+    base = models.init_params(cfg, jax.random.key(0), std=0.1)
+    adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(cfg, settings, jax.random.key(3)))
+    models.save_hf_params(base, cfg, tmp_path / "base")
+    models.save_hf_params(lora.merge(base, adapters, settings), cfg, tmp_path / "merged")
+    lora.save_peft_adapter(tmp_path / "adapter", adapters, cfg, settings)
+    for d in ("base", "merged"):
+        chat.find_tokenizer(TINY_TOKENIZER).save_pretrained(str(tmp_path / d))
+    tasks = tmp_path / "tasks.jsonl"
+    synthetic.write_dataset(tmp_path / "traj.jsonl", num_tasks=3, rollouts=1, seed=0)
+    tasks.write_text("".join(json.dumps(json.loads(line)["task"]) + "\n" for line in open(tmp_path / "traj.jsonl")))
+    turns = {}
+    with FakeOpenAI(read_jsonl(tasks)) as simulator:
+        for name, model in (("adapter", ["--model", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter")]),
+                            ("merged", ["--model", str(tmp_path / "merged")])):
+            out = tmp_path / name
+            cmd = [sys.executable, "-m", "sweet_jax.evaluate_model", "--task_type", "backend", "--tasks", str(tasks),
+                   "--output", str(out), *model, "--simulator_backend", "endpoint", "--simulator_url", simulator.url,
+                   "--max_steps", "2", "--agent_max_tokens", "8", "--max_model_len", "1024"]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            turns[name] = [[t["content"] for t in r["dialogue_history"] if t["role"] == "assistant"]
+                           for r in read_jsonl(out / "trajectories.jsonl")]
+    assert turns["adapter"] == turns["merged"] and len(turns["adapter"]) == 3
