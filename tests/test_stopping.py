@@ -1,8 +1,9 @@
 """A stopped pipeline or test run leaves nothing running: SIGTERM to the pipeline's driver while its simulator server
 and a collection job run, and to a test session (its controlling process alone, or its whole process group as CI
-runners send it) while a shared server, a worker and a command a test started in a session of its own run. Every
-process each started is marked here by a variable of its own in the environment, which its descendants inherit;
-none may be alive 10 seconds after the signal."""
+runners send it) while a shared server (with a child that, like vLLM's engine core, keeps nothing of the
+environment), a worker and a command a test started in a session of its own run. Every process each started is
+marked here by a variable of its own in the environment, which its descendants inherit (the server's child by its
+command line); none may be alive 10 seconds after the signal."""
 
 import os
 import signal
@@ -32,6 +33,19 @@ def _marked(tag: str) -> list[int]:
             continue
         if f"{PROBE}={tag}".encode() in env:
             found.append(int(pid))
+    return found
+
+
+def _sleeping(seconds: str) -> list[int]:
+    """Live processes running `sleep SECONDS` (found by their command line: their environment is empty)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:2] == [b"sleep",
+                                                                                              seconds.encode()]:
+                found.append(int(pid))
+        except OSError:
+            continue
     return found
 
 
@@ -133,6 +147,8 @@ def test_sigterm_to_a_pipeline_stops_its_servers_and_jobs_within_seconds(tmp_pat
 INNER_TEST = '''
 import os, subprocess, sys, time
 
+ORPHAN_SLEEP = os.environ["ORPHAN_SLEEP"]
+
 import shared
 from sweet_jax.inference.backends import ManagedServer
 
@@ -143,8 +159,10 @@ def test_holds_a_shared_server_and_a_command_of_its_own(tmp_path):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        return ManagedServer([sys.executable, "-m", "sweet_jax.describer", "--port", str(port)], port,
-                             os.path.join(directory, "log"), what="describer").start()
+        # like vLLM's API server, whose engine core starts with an environment of its own: a child that keeps
+        # nothing of it, in the server's process group
+        cmd = f"env -i sleep {ORPHAN_SLEEP} & exec {sys.executable} -m sweet_jax.describer --port {port}"
+        return ManagedServer(["sh", "-c", cmd], port, os.path.join(directory, "log"), what="describer").start()
 
     shared.shared_server("probe", start)
     # a command in a session of its own, as the pipeline tests start theirs: a signal to the run's group misses it
@@ -161,7 +179,8 @@ def test_sigterm_to_a_test_run_stops_its_shared_servers_workers_and_commands_wit
     ready, log = tmp_path / "ready", str(tmp_path / "pytest.log")
     env = {k: v for k, v in os.environ.items() if k not in ("SWEET_JAX_TEST_RUN_DIR", "PYTEST_XDIST_WORKER",
                                                              "PYTEST_CURRENT_TEST")}
-    env.update({PROBE: tag, "READY_FILE": str(ready),
+    orphan = f"{time.time() % 1000 + 1000:.6f}"  # the server's child with an empty environment: `sleep ORPHAN`
+    env.update({PROBE: tag, "READY_FILE": str(ready), "ORPHAN_SLEEP": orphan,
                 "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT, env.get("PYTHONPATH", "")])})
     # a run as launch/test.sh starts it: the suite's plugin (tests/shared.py) in the controlling process, one worker
     cmd = [sys.executable, "-m", "pytest", "-p", "shared", "-p", "no:cacheprovider", "-n", "1", "-q",
@@ -172,15 +191,17 @@ def test_sigterm_to_a_test_run_stops_its_shared_servers_workers_and_commands_wit
         _wait_for(ready.exists, 120, "the inner test had started its server and command", proc, log)
         names = _command_lines(_marked(tag))
         assert any("sweet_jax.describer" in c for c in names) and any("sleep(600)" in c for c in names), names
+        assert _sleeping(orphan), "the server's child with an empty environment did not start"
         if to == "the process group":
             os.killpg(proc.pid, signal.SIGTERM)
         else:
             proc.send_signal(signal.SIGTERM)
         took = _stops_within(tag, 10.0)
+        assert not _sleeping(orphan), "the server's child with an empty environment outlived the run"
         assert proc.wait(5) == -signal.SIGTERM
         print(f"the test run stopped {took:.1f} s after SIGTERM to {to}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for pid in _marked(tag):
+        for pid in _marked(tag) + _sleeping(orphan):
             os.kill(pid, signal.SIGKILL)

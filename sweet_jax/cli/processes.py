@@ -5,12 +5,13 @@ tests run, its shared servers) claims them with `claim_children(name)`: a token 
 `SWEET_JAX_OWNERS`, which every process it starts from then on inherits, and their children in turn, also those
 started in a session of their own (servers, so that a restart can kill a server's whole group) and those left behind
 by a parent that died. `owned_processes(token)` finds them by reading `/proc/PID/environ`, and `stop_owned(token)`
-sends them SIGTERM, then SIGKILL to what is left after a grace period.
+sends them, and the process groups they lead, SIGTERM, then SIGKILL to what is left after a grace period.
 
 `stop_on_signals(token)` makes SIGTERM, SIGHUP and SIGINT do that before the command dies of the signal, as it would
 have: a `timeout`, a CI runner or Ctrl-C that stops a pipeline or a test run leaves no server, job or worker of it
-running. A process that clears its environment is not found; the sandboxes do, and die with their parent instead
-(bubblewrap's `--die-with-parent`).
+running. A process that starts with an environment of its own is not found by it: vLLM's engine core on the CPU
+is stopped with its API server's process group (servers are started in sessions of their own), and the sandboxes
+die with their parent (bubblewrap's `--die-with-parent`).
 """
 
 from __future__ import annotations
@@ -57,20 +58,43 @@ def owned_processes(token: str) -> list[int]:
     return sorted(int(p) for p in pids if token in _owners(p))
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
 def stop_owned(token: str, grace_s: float = 5.0) -> list[int]:
-    """SIGTERM every process owned by `token`, then SIGKILL those still alive after `grace_s` seconds (and any
-    started in the meantime); returns the processes found."""
+    """SIGTERM every process owned by `token`, and every process group one of them leads (a server started in a
+    session of its own: vLLM's engine core, started with an environment of its own, stays in its API server's
+    group); then SIGKILL what is still alive after `grace_s` seconds (and anything started in the meantime).
+    Returns the owned processes found."""
     found: set[int] = set()
+    groups: set[int] = set()
     deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
     while True:
         pids = owned_processes(token)
-        if not pids:
+        for pid in pids:  # the groups they lead, noted before their leaders die
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) == pid:
+                    groups.add(pid)
+        groups = {g for g in groups if _group_alive(g)}
+        if not pids and not groups:
             return sorted(found)
         for pid in pids:
             if sig == signal.SIGKILL or pid not in found:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+                _signal(pid, sig)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
         found.update(pids)
         if sig == signal.SIGKILL:
             time.sleep(0.05)
