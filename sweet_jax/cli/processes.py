@@ -59,11 +59,20 @@ def owned_processes(token: str) -> list[int]:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is alive, not a zombie (a stopped child its busy parent has yet to reap)."""
     try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
         return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(") ", 1)[1].split()  # state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _signal(pid: int, sig: int) -> None:
