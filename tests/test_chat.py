@@ -176,6 +176,7 @@ def test_parse_text_inverts_render_text():
         assert parsed[0]["content"].endswith("Be brief.")
 
 
+@pytest.mark.slow
 def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_without_transformers(tmp_path):
     """`load_tokenizer` gives the tokens, decodings, specials, vocabulary and chat template that AutoTokenizer gives,
     for the bundled tokenizer, its 8k cut, SmolLM2's (ChatML) and a model export's copy (tokenizer_class

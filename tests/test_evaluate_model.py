@@ -117,7 +117,7 @@ def test_smollm2_served_by_vllm_on_real_tasks(tmp_path):
     tasks = colbench_file("backend_test.jsonl")
     out = tmp_path / "eval"
     proc = subprocess.run(_command(tasks, out, "--model", smollm2_dir(), "--backend", "vllm", "--agent_api", "chat",
-                                   "--max_steps", "2", "--agent_max_tokens", "64", "--simulator_max_tokens", "16",
+                                   "--max_steps", "2", "--agent_max_tokens", "32", "--simulator_max_tokens", "8",
                                    "--max_model_len", "4096", "--dtype", "float32", "--memory_fraction", "0.15",
                                    "--server_args=--enforce-eager"),
                           cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left())

@@ -122,8 +122,9 @@ def test_task_sets_and_trajectories_read_a_file_of_a_hub_dataset_offline(offline
     by_id = [t.answer for t in read_trajectories(f"{DATA}@{MAIN}:trajectories.jsonl")]
     assert by_id == [t.answer for t in read_trajectories(os.path.join(hub["data"], "trajectories.jsonl"))]
     assert len(by_id) == 8
-    with pytest.raises(HubError, match=r"'absent.jsonl' of the Hub dataset 'tiny-org/colbench-mini' \(revision v9\): "
-                                       r"not in the Hub cache"):
+    with pytest.raises(HubError, match=r"tiny-org/colbench-mini@v9:absent.jsonl: not a local file, and the hub could "
+                                       r"not provide it: 'absent.jsonl' of the Hub dataset 'tiny-org/colbench-mini' "
+                                       r"\(revision v9\) is not in the Hub cache"):
         load_tasks(f"{DATA}@v9:absent.jsonl", "backend")
 
 

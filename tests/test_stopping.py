@@ -177,8 +177,9 @@ def test_sigterm_to_a_test_run_stops_its_shared_servers_workers_and_commands_wit
     tag = uuid.uuid4().hex
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TEST))
     ready, log = tmp_path / "ready", str(tmp_path / "pytest.log")
+    # a run of its own: not this run's worker, nor its options (PYTEST_ADDOPTS: the inner run loads only `shared`)
     env = {k: v for k, v in os.environ.items() if k not in ("SWEET_JAX_TEST_RUN_DIR", "PYTEST_XDIST_WORKER",
-                                                             "PYTEST_CURRENT_TEST")}
+                                                             "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
     orphan = f"{time.time() % 1000 + 1000:.6f}"  # the server's child with an empty environment: `sleep ORPHAN`
     env.update({PROBE: tag, "READY_FILE": str(ready), "ORPHAN_SLEEP": orphan,
                 "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT, env.get("PYTHONPATH", "")])})

@@ -104,12 +104,13 @@ def local_dataset_file(name: str) -> str:
     import huggingface_hub
     from huggingface_hub import constants, errors
 
-    at = f"{file!r} of the Hub dataset {repo!r} (revision {revision or 'main'})"
+    at = (f"{name}: not a local file, and the hub could not provide it: {file!r} of the Hub dataset {repo!r} "
+          f"(revision {revision or 'main'})")
     try:
         return huggingface_hub.hf_hub_download(repo, file, repo_type="dataset", revision=revision)
     except errors.LocalEntryNotFoundError:
         how = "the Hub is offline (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
-        raise HubError(f"{at}: not in the Hub cache {constants.HF_HUB_CACHE}, and {how}; download it "
+        raise HubError(f"{at} is not in the Hub cache {constants.HF_HUB_CACHE}, and {how}; download it "
                        f"(`huggingface-cli download --repo-type dataset {repo} {file}"
                        f"{' --revision ' + revision if revision else ''}`) or give a local file") from None
     except errors.EntryNotFoundError:
