@@ -29,11 +29,16 @@ class HubError(DataError):
     """A Hub id that cannot be turned into a local directory: not found, not in the cache offline, incomplete."""
 
 
-def hub_id(name: str) -> tuple[str, str | None] | None:
-    """(repository, revision or None) when `name` is a Hub id and not a path that exists here; else None."""
+def _hub_name(name: str, pattern: re.Pattern) -> re.Match | None:
+    """`pattern`'s match of `name`, unless `name` is a path: one that exists here, or starts like one."""
     if not name or os.path.exists(name) or name.startswith(("/", ".", "~")):
         return None
-    m = HUB_ID.fullmatch(name)
+    return pattern.fullmatch(name)
+
+
+def hub_id(name: str) -> tuple[str, str | None] | None:
+    """(repository, revision or None) when `name` is a Hub id and not a path that exists here; else None."""
+    m = _hub_name(name, HUB_ID)
     return (m["repo"], m["revision"]) if m else None
 
 
@@ -88,9 +93,7 @@ def local_model(name: str, what: str = "model", needs: tuple[str, ...] = ("confi
 def hub_file(name: str) -> tuple[str, str | None, str] | None:
     """(dataset repository, revision or None, file) when `name` is `owner/name[@revision]:file` and not a path that
     exists here; else None."""
-    if not name or os.path.exists(name) or name.startswith(("/", ".", "~")):
-        return None
-    m = HUB_FILE.fullmatch(name)
+    m = _hub_name(name, HUB_FILE)
     return (m["repo"], m["revision"], m["file"]) if m else None
 
 

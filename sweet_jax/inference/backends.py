@@ -168,6 +168,13 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
     raise ServerError(f"backend {s.backend!r} starts no server")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now: where a started server is asked to listen."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class ManagedServer:
     """A server process on a fixed port: started, watched and restarted when it dies, stopped on request."""
 

@@ -25,7 +25,6 @@ import datetime
 import json
 import logging
 import os
-import socket
 import sys
 
 from sweet_jax.cli.app import flag
@@ -52,7 +51,8 @@ class ModelEvalSettings:
     backend: str = flag("sweet_jax", choices=SERVING, help="what serves the agent: the project's engine, vLLM, or "
                                                            "an endpoint already running (--agent_url)")
     agent_url: str = flag("", help="with --backend endpoint: the agent's /v1 URL")
-    agent_name: str = flag("", help="the agent's served name (default: the model's directory or Hub name)")
+    agent_name: str = flag("", help="the agent's served name (default: the model's directory or Hub name; with "
+                                    "--backend endpoint, --model as given)")
     simulator: str = flag("", help="the simulated human's model (HF directory or Hub id; with --simulator_backend "
                                    "describer or endpoint, its served name); empty: --model itself")
     simulator_backend: str = flag("", choices=("", *SERVING, "describer"),
@@ -101,12 +101,6 @@ def _check(s: ModelEvalSettings) -> None:
         raise EvaluationError("--rollouts, --max_steps and --concurrency must be >= 1")
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _backend_settings(s: ModelEvalSettings, backend: str):
     from sweet_jax.inference.backends import BackendSettings
 
@@ -120,9 +114,9 @@ def _backend_settings(s: ModelEvalSettings, backend: str):
 def _serve(stack: contextlib.ExitStack, s: ModelEvalSettings, role: str, backend: str, model: str, name: str,
            adapter: str = "") -> str:
     """A started server of `model` as `name` (stopped when `stack` closes); returns its /v1 URL."""
-    from sweet_jax.inference.backends import ManagedServer, load_adapter, server_command
+    from sweet_jax.inference.backends import ManagedServer, free_port, load_adapter, server_command
 
-    port, logs = _port(), os.path.join(s.output, "logs")
+    port, logs = free_port(), os.path.join(s.output, "logs")
     os.makedirs(logs, exist_ok=True)
     lora_rank = 0
     if adapter and backend == "vllm":
@@ -158,17 +152,18 @@ def _roll_out(s: ModelEvalSettings) -> dict:
     """Serve what needs serving, then run (or resume) the collection; returns its summary."""
     from sweet_jax.colbench.collection import collect
 
-    model = local_model(s.model, "--model")
     adapter = local_model(s.adapter, "--adapter", needs=("adapter_config.json",)) if s.adapter else ""
-    # with an adapter the agent is not the base: on vLLM both are served, the adapter under its own name
-    agent_name = s.agent_name or display_name(s.model) + ("-adapter" if adapter else "")
+    if s.backend == "endpoint":  # a name the endpoint serves: nothing to download
+        agent_name = s.agent_name or s.model
+    else:  # with an adapter the agent is not the base: on vLLM both are served, the adapter under its own name
+        agent_name = s.agent_name or display_name(s.model) + ("-adapter" if adapter else "")
     sim_backend = s.simulator_backend or s.backend
     sim_model = s.simulator or s.model
     with contextlib.ExitStack() as stack:
         if s.backend == "endpoint":
             agent_url = s.agent_url
         else:
-            agent_url = _serve(stack, s, "agent", s.backend, model, agent_name, adapter)
+            agent_url = _serve(stack, s, "agent", s.backend, local_model(s.model, "--model"), agent_name, adapter)
         if sim_backend == "endpoint":
             simulator = (s.simulator_url, s.simulator or agent_name)
         elif sim_backend == "describer":

@@ -26,7 +26,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -290,11 +289,9 @@ class Run:
 
     def _start_server(self, stage: str, model: str, settings, lora_rank: int = 0):
         """A `ManagedServer` of `model` that answers /health (with `lora_rank`: taking adapters at run time)."""
-        from sweet_jax.inference.backends import ManagedServer, ServerError, server_command
+        from sweet_jax.inference.backends import ManagedServer, ServerError, free_port, server_command
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         os.makedirs(self.layout.logs, exist_ok=True)
         logfile = self.layout.log(f"{stage}.serve")
         try:
