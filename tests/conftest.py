@@ -22,6 +22,12 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(CACHE, "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 CACHE_LIMIT_BYTES = 4 << 30  # the compilation cache's size after the trim at a run's start
+# vLLM's CPU build pins one OpenMP thread to each core it finds, and its threads wait on each other at every op: beside
+# a second busy worker on 2 cores, the thread whose core is taken holds the others up. The SmolLM2 evaluation on vLLM
+# took 295 s beside one busy core (72 s alone) pinned, and 96 s unpinned on one thread (2026-12-07). The suite's vLLM
+# servers (and torch's references, numpy's BLAS) run one unpinned thread each.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def trim_compilation_cache(path: str, limit: int = CACHE_LIMIT_BYTES) -> int:

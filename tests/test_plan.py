@@ -151,7 +151,7 @@ def test_the_planned_batch_is_the_batch_the_trainer_collates(packed):
         history = rng.integers(0, 100, seq - turn).tolist()
         items.append((example(history + rng.integers(100, 200, turn).tolist()),
                       example(history + rng.integers(200, 300, turn).tolist())))
-    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=seq, min_bucket=128, pack_length=0),
+    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=seq, min_bucket=128, pack_length=0, shapes="batch"),
                                          loss=dict(nll_span="score")))
     real = Batcher(cfg, 0)(splits.Split(items, paired=True, packed=packed), np.arange(pairs),
                            np.zeros((pairs, 2), np.float32))

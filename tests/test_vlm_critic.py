@@ -251,7 +251,7 @@ def test_the_planned_image_batch_is_the_batch_the_trainer_collates():
 
     _, rows = image_batch()
     items = list(zip(rows[:4], rows[4:]))
-    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=64, min_bucket=64, pack_length=0),
+    cfg = ml_collections.ConfigDict(dict(data=dict(max_len=64, min_bucket=64, pack_length=0, shapes="batch"),
                                          loss=dict(nll_span="score")))
     real = Batcher(cfg, 0, None, CFG)(splits.Split(items, paired=True), np.arange(4), None)
     layout = Layout(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]), CFG, None)

@@ -29,8 +29,10 @@ class Batcher:
     """Host batches: collated, length-bucketed, and (with `layout`) placed on the mesh.
 
     A batch whose item count does not divide by the mesh's batch shards gets padding items at the end (whole pairs
-    for paired data); callers drop their outputs (`score_pairs`, `evaluate`). Training batches are always full
-    (checked in `run`). On a multi-host mesh each process collates only the rows its own devices hold, padded to the
+    for paired data), and a short last held-out batch gets them up to `pad_to` items; callers drop their outputs
+    (`score_pairs`, `evaluate`). Training batches are always full (checked in `run`). Rows are padded to the length
+    buckets of the batch's longest row and gather, or with `data.shapes = "split"` to those of the split's longest, so
+    that every batch of a split has one shape. On a multi-host mesh each process collates only the rows its own devices hold, padded to the
     global batch's lengths, and the global arrays are assembled from those slices. A split marked `packed` gives one
     prefix-shared row per pair, or (single examples) rows of several whole examples (`data.packing`). Rows with
     images also get their images and M-RoPE positions (`image_pairs.image_arrays`)."""
@@ -44,28 +46,29 @@ class Batcher:
         self.pack_length = cfg.data.pack_length
         self.layout = layout
         self.model_cfg = model_cfg  # a vision-language model's config, for batches with images
+        self.split_shapes = cfg.data.shapes == "split"
+        self._split_lengths: dict[int, tuple] = {}  # id(split) -> (split, its lengths), with `split_shapes`
 
     @staticmethod
     def buckets_of(cfg) -> tuple[int, ...]:
         return default_buckets(cfg.data.max_len, cfg.data.min_bucket)
 
-    def __call__(self, split: splits.Split, idx, ref: np.ndarray | None):
+    def __call__(self, split: splits.Split, idx, ref: np.ndarray | None, pad_to: int = 0):
         items = [split.items[i] for i in idx]
         rows_per_item = 2 if split.paired and not split.packed else 1
         multiple = self.layout.items_multiple(rows_per_item) if self.layout is not None else 1
         if split.packed and not split.paired:
             return self._example_rows(items, multiple)
-        p, extra = len(items), -len(items) % multiple
+        p = len(items)
+        extra = max(pad_to - p, 0)
+        extra += -(p + extra) % multiple
+        lengths = self._lengths(split, items)
         if split.packed:  # one row per pair, then padding
             rows = list(items) + [None] * extra
-            lengths = packing.packed_lengths(list(items), self.pair_buckets, self.gather_buckets, self.nll_span)
+        elif split.paired:  # chosen, padding, rejected, padding
+            rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
         else:
-            if split.paired:  # chosen, padding, rejected, padding
-                rows = [c for c, _ in items] + [None] * extra + [r for _, r in items] + [None] * extra
-            else:
-                rows = list(items) + [None] * extra
-            lengths = batch_lengths([e for e in rows if e is not None], self.buckets, self.gather_buckets,
-                                    self.nll_span)
+            rows = list(items) + [None] * extra
         n = len(rows)
         local = self.layout.process_rows(n) if self.layout is not None else np.arange(n)
         names = bs.MODEL_INPUTS + (bs.PACKED_INPUTS if split.packed else ())
@@ -100,6 +103,23 @@ class Batcher:
                 r[:p], r[p + extra:2 * p + extra] = ref[idx, 0], ref[idx, 1]
             batch["ref"] = r[local]
         return self.layout.put_batch(batch, n) if self.layout is not None else batch
+
+    def _lengths(self, split: splits.Split, items: list) -> tuple[int, int]:
+        """(L, S) of a batch of `items` of `split`: the buckets of their longest row and gather, or (`split_shapes`)
+        of the whole split's, computed once per split."""
+        if self.split_shapes:
+            known = self._split_lengths.get(id(split))
+            if known is not None and known[0] is split:
+                return known[1]
+            items = split.items
+        if split.packed:
+            lengths = packing.packed_lengths(list(items), self.pair_buckets, self.gather_buckets, self.nll_span)
+        else:
+            examples = [e for pair in items for e in pair] if split.paired else list(items)
+            lengths = batch_lengths(examples, self.buckets, self.gather_buckets, self.nll_span)
+        if self.split_shapes:
+            self._split_lengths[id(split)] = (split, lengths)
+        return lengths
 
     def _example_rows(self, items, multiple: int):
         """Single examples packed several to a row (`packing.collate_examples`), padded with empty rows to R."""

@@ -148,7 +148,7 @@ def score_pairs(score_fn, params, split: splits.Split, batcher: Batcher, batch_s
     for start in tqdm(range(0, n, batch_size), desc=desc,
                       disable=None if desc and distributed.is_leader() else True):
         idx = np.arange(start, min(start + batch_size, n))
-        s = np.asarray(score_fn(params, batcher(split, idx, None)))
+        s = np.asarray(score_fn(params, batcher(split, idx, None, pad_to=batch_size)))
         half = len(s) // 2  # the pairs of the batch, padding included
         out[idx, 0], out[idx, 1] = s[:len(idx)], s[half:half + len(idx)]
     return out

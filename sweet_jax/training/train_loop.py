@@ -46,7 +46,7 @@ def evaluate(eval_step, params, split, ref, batcher, bs) -> dict:
     sums, count = {}, 0
     for start in range(0, len(split.items), bs):
         idx = np.arange(start, min(start + bs, len(split.items)))
-        m = jax.device_get(eval_step(params, batcher(split, idx, ref)))
+        m = jax.device_get(eval_step(params, batcher(split, idx, ref, pad_to=bs)))
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + float(np.sum(np.asarray(v, np.float64)[:len(idx)]))
         count += len(idx)
