@@ -32,10 +32,11 @@ class Batcher:
     for paired data), and a short last held-out batch gets them up to `pad_to` items; callers drop their outputs
     (`score_pairs`, `evaluate`). Training batches are always full (checked in `run`). Rows are padded to the length
     buckets of the batch's longest row and gather, or with `data.shapes = "split"` to those of the split's longest, so
-    that every batch of a split has one shape. On a multi-host mesh each process collates only the rows its own
-    devices hold, padded to the global batch's lengths, and the global arrays are assembled from those slices. A split
-    marked `packed` gives one prefix-shared row per pair, or (single examples) rows of several whole examples
-    (`data.packing`). Rows with images also get their images and M-RoPE positions (`image_pairs.image_arrays`)."""
+    that every batch of a split has one shape (rows of several packed examples keep the buckets of their own). On a
+    multi-host mesh each process collates only the rows its own devices hold, padded to the global batch's lengths,
+    and the global arrays are assembled from those slices. A split marked `packed` gives one prefix-shared row per
+    pair, or (single examples) rows of several whole examples (`data.packing`). Rows with images also get their
+    images and M-RoPE positions (`image_pairs.image_arrays`)."""
 
     def __init__(self, cfg, pad_id: int, layout=None, model_cfg=None):
         self.buckets = self.buckets_of(cfg)

@@ -46,7 +46,7 @@ class DataSettings(Section):
     shapes: Literal["batch", "split"] = setting(
         "batch", "batch: each batch padded to the length buckets of its own longest row and gather; split: every "
                  "batch of a split to those of the split's longest (one compiled step per split, what short jobs "
-                 "that mostly compile want: the tiny recipes)")
+                 "that mostly compile want: the tiny recipes); rows of several packed SFT examples keep their own")
     eval_fraction: float = setting(0.03, "the share of tasks held out")
     on_error: Literal["raise", "skip"] = setting("raise", "a bad record stops the job, or is skipped and counted")
     min_best_reward: float = setting(1.0, "the reward a trajectory needs to count as a success")
