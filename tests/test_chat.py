@@ -181,7 +181,8 @@ def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_
     """`load_tokenizer` gives the tokens, decodings, specials, vocabulary and chat template that AutoTokenizer gives,
     for the bundled tokenizer, its 8k cut, SmolLM2's (ChatML) and a model export's copy (tokenizer_class
     "TokenizersBackend"); what it saves loads as AutoTokenizer loads the original; and a process that loads one,
-    encodes and decodes has imported neither transformers nor torch (a job's start pays for neither)."""
+    encodes (`encode` or a call) and decodes has imported neither transformers nor torch (a job's start pays for
+    neither)."""
     import json
     import subprocess
     import sys
@@ -200,7 +201,8 @@ def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_
              "  leading spaces, \u00e9t\u00e9, \u4e2d\u6587, emoji \U0001f600 and <|reserved_special_token_7|>",
              "<|im_start|>user\nIt 's a test , isn 't it ?<|im_end|>", ""]
     for directory in (bundled, str(tmp_path / "export"), tokenizer_dir("bundled:llama3-8k"), smollm2_dir()):
-        auto, ours = AutoTokenizer.from_pretrained(directory), load_tokenizer(directory)
+        auto, ours, fresh = (AutoTokenizer.from_pretrained(directory), load_tokenizer(directory),
+                             load_tokenizer(directory))
         assert len(ours) == len(auto) and ours.get_vocab() == auto.get_vocab()
         assert ours.all_special_ids == auto.all_special_ids and ours.chat_template == auto.chat_template
         for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
@@ -213,6 +215,11 @@ def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_
                 assert ours.encode(text, add_special_tokens=special) == ids
                 for skip in (True, False):
                     assert ours.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+                for batch in (text, texts):  # a fresh load: `all_special_ids` above loaded transformers' into `ours`
+                    for offsets in (True, False):
+                        kw = dict(add_special_tokens=special, return_offsets_mapping=offsets)
+                        assert fresh(batch, **kw) == dict(auto(batch, **kw)), (batch, kw)
+        assert fresh._hf is None  # every call above was answered without transformers' tokenizer
         saved = tmp_path / ("saved_" + str(abs(hash(directory))))
         ours.save_pretrained(str(saved))
         again = AutoTokenizer.from_pretrained(str(saved))
@@ -221,6 +228,8 @@ def test_the_bundled_tokenizer_and_its_exports_load_as_autotokenizer_loads_them_
     code = ("import sys; from sweet_jax.chat import load_tokenizer; from sweet_jax.chat.llama3 import "
             "bundled_llama3_tokenizer_dir as d; t = load_tokenizer(d()); u = load_tokenizer(sys.argv[1]); "
             "assert t.decode(t.encode('hi <|eot_id|>')) == u.decode(u.encode('hi <|eot_id|>')); "
+            "assert t(['hi', 'there'], add_special_tokens=False)['input_ids'] == [t.encode('hi', False), "
+            "t.encode('there', False)]; "
             "assert t.eos_token_id is not None and len(t) > 128000; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")

@@ -63,11 +63,12 @@ def _token_text(value) -> str | None:
 
 class FastTokenizer:
     """An HF tokenizer directory's `tokenizer.json` through the `tokenizers` library, with the part of transformers'
-    `PreTrainedTokenizerFast` that the jobs use: `encode`, `decode`, the special tokens' ids, `convert_tokens_to_ids`,
-    `get_vocab`, `len`, and `save_pretrained` (the directory's tokenizer files, copied as they are). transformers'
-    class runs the same `tokenizers` calls for these, and skips its decoding clean-up for BPE models, so the results
-    are the same token for token (`tests/test_chat.py` checks them against it). Anything else (`apply_chat_template`,
-    `__call__`, `add_special_tokens`, ...) is transformers' tokenizer of the same directory, loaded on first use
+    `PreTrainedTokenizerFast` that the jobs use: `encode`, `decode`, calls with `add_special_tokens` and
+    `return_offsets_mapping`, the special tokens' ids, `convert_tokens_to_ids`, `get_vocab`, `len`, and
+    `save_pretrained` (the directory's tokenizer files, copied as they are). transformers' class runs the same
+    `tokenizers` calls for these, and skips its decoding clean-up for BPE models, so the results are the same token
+    for token (`tests/test_chat.py` checks them against it). Anything else (`apply_chat_template`, other call
+    arguments, `add_special_tokens`, ...) is transformers' tokenizer of the same directory, loaded on first use
     (`hf`); from then on every call goes to it, so a tokenizer changed through it stays one tokenizer."""
 
     FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -95,8 +96,21 @@ class FastTokenizer:
             raise AttributeError(name)
         return getattr(self.hf, name)
 
-    def __call__(self, *args, **kwargs):
-        return self.hf(*args, **kwargs)
+    def __call__(self, text, *args, **kwargs):
+        """`tokenizer(text or [texts], add_special_tokens=..., return_offsets_mapping=...)` as transformers' class
+        answers it (`input_ids`, `attention_mask`, `offset_mapping`: one list per text, or one for a single text,
+        from the same `tokenizers` calls), without importing transformers: the chat formats and the trainer's examples
+        tokenize this way. Any other argument goes to transformers' tokenizer."""
+        texts = [text] if isinstance(text, str) else text
+        simple = (self._hf is None and not args and set(kwargs) <= {"add_special_tokens", "return_offsets_mapping"}
+                  and isinstance(texts, list) and all(isinstance(t, str) for t in texts))
+        if not simple:
+            return self.hf(text, *args, **kwargs)
+        encodings = self._tok.encode_batch(texts, add_special_tokens=kwargs.get("add_special_tokens", True))
+        out = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings]}
+        if kwargs.get("return_offsets_mapping"):
+            out["offset_mapping"] = [[tuple(o) for o in e.offsets] for e in encodings]
+        return {k: v[0] for k, v in out.items()} if isinstance(text, str) else out
 
     def __len__(self) -> int:
         if self._hf is not None:
