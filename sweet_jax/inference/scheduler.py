@@ -15,7 +15,9 @@
 - Jobs are admitted first come, first served, when their n samples find n free slots; the n samples share one
   prefill. A finished sample frees its slot at once; a cancelled job frees its slots at the next step.
 - A sample's tokens depend only on its prompt, settings and seed (`inference.slots`): results under any concurrency
-  equal one-at-a-time results, which makes collection reproducible.
+  equal one-at-a-time results, which makes collection reproducible. The log-probs are equal bit for bit while the
+  window is: a longer row decoding beside a sample widens the window (below), and the longer sum over masked
+  positions can move them in their last bits (1e-6 for a tiny model, its tokens unchanged; 2026-12-07).
 - Prefix caching: a prompt goes in in fixed chunks (`inference.slots`), and a slot's row keeps the whole chunks of
   its last prompt until the slot is taken again. A new prompt that starts with such chunks (the next turn of a
   conversation, the samples of a shared history) copies them, or takes over that free slot, and prefills the rest
