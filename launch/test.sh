@@ -7,6 +7,8 @@
 # arguments go to pytest, and run the main leg only, e.g.
 #   bash launch/test.sh -m "not slow"      bash launch/test.sh tests/test_chat.py -x      bash launch/test.sh -n 0
 #   bash launch/test.sh --record-durations   (after adding heavy tests: the seconds the scheduling works from)
+# SWEET_JAX_COMPILE_REPORT=report.json: which tests compile which programs, and for how long, every process they
+# start included (tests/compile_report/; run it with an empty compilation cache to see a bare machine's compiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes (a pipeline test, one per stage and server). With
@@ -40,7 +42,13 @@ if [ -n "$VLLM_OUT" ]; then
     export SWEET_JAX_VLLM_PYTHON
 fi
 VENV=${SWEET_JAX_VENV:-.venv}
-"$VENV/bin/python" -m pytest -ra --slowest=25 -n "${SWEET_JAX_TEST_WORKERS:-2}" "$@"
+REPORT=()
+if [ -n "${SWEET_JAX_COMPILE_REPORT:-}" ]; then
+    SWEET_JAX_COMPILE_REPORT="$(realpath -m "$SWEET_JAX_COMPILE_REPORT")"
+    export SWEET_JAX_COMPILE_REPORT PYTHONPATH="$PWD/tests/compile_report${PYTHONPATH:+:$PYTHONPATH}"
+    REPORT=(-p compile_report_plugin)
+fi
+"$VENV/bin/python" -m pytest -ra --slowest=25 -n "${SWEET_JAX_TEST_WORKERS:-2}" "${REPORT[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] pytest collected no tests for this selection"
