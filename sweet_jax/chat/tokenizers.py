@@ -61,6 +61,17 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+class Encoded(dict):
+    """What a `FastTokenizer` call returns: a dict whose keys are also attributes (`enc["input_ids"]` or
+    `enc.input_ids`), as transformers' BatchEncoding reads them."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class FastTokenizer:
     """An HF tokenizer directory's `tokenizer.json` through the `tokenizers` library, with the part of transformers'
     `PreTrainedTokenizerFast` that the jobs use: `encode`, `decode`, calls with `add_special_tokens` and
@@ -110,7 +121,7 @@ class FastTokenizer:
         out = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings]}
         if kwargs.get("return_offsets_mapping"):
             out["offset_mapping"] = [[tuple(o) for o in e.offsets] for e in encodings]
-        return {k: v[0] for k, v in out.items()} if isinstance(text, str) else out
+        return Encoded({k: v[0] for k, v in out.items()} if isinstance(text, str) else out)
 
     def __len__(self) -> int:
         if self._hf is not None:
