@@ -19,6 +19,8 @@ import tempfile
 
 import sitecustomize  # this folder's: the listener and its counts
 
+from sweet_jax.files.atomic import write_json
+
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput") and "SWEET_JAX_COMPILE_LOG" not in os.environ:
@@ -65,8 +67,7 @@ def pytest_unconfigure(config):
     sitecustomize.dump()
     out = report(log_dir)
     path = os.environ.get("SWEET_JAX_COMPILE_REPORT") or "compile_report.json"
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1, sort_keys=True)
+    write_json(path, out, sort_keys=True)
     compiled = sorted(out["tests"].items(), key=lambda kv: -kv[1].get("compile", [0, 0.0])[1])
     total = [sum(t.get("compile", [0, 0.0])[i] for t in out["tests"].values()) for i in (0, 1)]
     print(f"\n== compiles: {total[0]} programs, {total[1]:.1f} s of XLA compiling in all (the report: {path}) ==")
