@@ -21,7 +21,7 @@ def get_config():
     c.data.num_pairs = 4
     c.data.score_span = "response"  # the prompt cancels in the DPO logit; scoring the response is cheaper
     c.data.max_len = 512
-    c.data.shapes = "split"  # one compiled step per split: a tiny job's time is mostly compiling
+    c.data.shapes = "job"  # one shape for the job's splits: a tiny job's time is mostly compiling
     c.data.eval_fraction = 0.1
     c.loss.beta = 0.1
     c.loss.nll_coef = 0.01

@@ -22,6 +22,14 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(CACHE, "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 CACHE_LIMIT_BYTES = 4 << 30  # the compilation cache's size after the trim at a run's start
+# XLA:CPU's LLVM at -O1 instead of -O3, here and in every child process (a test that sets XLA_FLAGS for its child adds
+# to these). On a cold cache most of the suite's time is compiling, and LLVM's passes and code generation are most of
+# a compile. A tiny critic job on 2 cores (2026-12-07): its compiles 5.2 s against 6.5-7.8 s, its warm run 11.1
+# CPU-s against 12.1 (the tiny models' time goes to the library matmuls, which LLVM does not compile); three
+# compile-bound slow tests on an empty cache 97 s against 111, warm 26 s against 28. -O0 compiles in half the time
+# but runs elementwise code 3x slower and moves sums by 1e-5.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
 # vLLM's CPU build pins one OpenMP thread to each core it finds, and its threads wait on each other at every op: beside
 # a second busy worker on 2 cores, the thread whose core is taken holds the others up. The SmolLM2 evaluation on vLLM
 # took 295 s beside one busy core (72 s alone) pinned, and 96 s unpinned on one thread (2026-12-07). The suite's vLLM

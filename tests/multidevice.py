@@ -9,12 +9,17 @@ import tempfile
 import textwrap
 
 
+def device_flags(n: int) -> str:
+    """XLA_FLAGS for a child process with `n` fake CPU devices: the suite's flags (`conftest.py`) and the count."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
+
+
 def run_with_devices(code: str, n: int = 8, timeout: float | None = None) -> str:
     """stdout of `code` run in a fresh Python with `n` fake CPU devices (timeout: what is left of the test's limit)."""
     import budget
 
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
+    env["XLA_FLAGS"] = device_flags(n)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
@@ -51,7 +56,7 @@ def multiprocess_env(n_processes: int, devices_per_process: int) -> list[dict]:
     port = _free_port()
     base = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                 JAX_NUM_PROCESSES=str(n_processes),
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                XLA_FLAGS=device_flags(devices_per_process),
                 PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     return [dict(base, JAX_PROCESS_ID=str(i)) for i in range(n_processes)]
 

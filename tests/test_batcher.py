@@ -1,6 +1,7 @@
 """The trainer's host batches (`training.batcher.Batcher`) with `data.shapes = "split"`: every batch of a split has
-one shape, the buckets of the split's longest row and gather, a short last batch padded to full size; the scores are
-those of the per-batch shapes."""
+one shape, the buckets of the split's longest row and gather, a short last batch padded to full size; with "job", the
+training and held-out splits share the buckets of the longest of both; the scores are those of the per-batch
+shapes."""
 
 import jax
 import ml_collections
@@ -63,3 +64,32 @@ def test_one_shape_per_split_scores_as_the_per_batch_shapes(packed):
     assert dict(one)["gather_pos"][-1] == whole["gather_pos"].shape[-1]
     np.testing.assert_allclose(scores["split"], scores["batch"], rtol=1e-5, atol=1e-4)
     assert np.all(scores["split"] != 0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_one_shape_for_the_jobs_splits_scores_as_the_per_batch_shapes(packed):
+    rng = np.random.default_rng(1)
+    # short training pairs, a held-out split with one long pair: per split, two shapes; per job, one
+    train = splits.Split([_pair(rng, h, t) for h, t in [(10, 5), (12, 4), (9, 6), (20, 3)]], paired=True,
+                         packed=packed)
+    held_out = splits.Split([_pair(rng, h, t) for h, t in [(8, 4), (140, 30)]], paired=True, packed=packed)
+    params = models.init_params(CFG, jax.random.key(0), std=0.1)
+    seen, scores = {}, {}
+    for mode in ("batch", "split", "job"):
+        batcher = _batcher(mode)
+        batcher.share_shapes(train, held_out)
+        seen[mode] = set()
+
+        def score_fn(p, batch, seen=seen[mode]):
+            seen.add(tuple(sorted((k, v.shape) for k, v in batch.items())))
+            s = batch_scores.sequence_scores(p, CFG, batch_scores.model_inputs(batch), "sum", 16)[0]
+            return batch_scores.plain_order(s) if packed else s
+
+        scores[mode] = [score_pairs(score_fn, params, split, batcher, 2) for split in (train, held_out)]
+    assert (len(seen["split"]), len(seen["job"])) == (2, 1), seen
+    (one,) = seen["job"]
+    whole = _batcher("batch")(held_out, np.arange(2), None)  # the held-out split's long pair sets the buckets
+    assert dict(one)["tokens"][1] == whole["tokens"].shape[1]
+    for mode in ("split", "job"):
+        for a, b in zip(scores[mode], scores["batch"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import budget
-from multidevice import one_job_at_a_time
+from multidevice import device_flags, one_job_at_a_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOIN = ("from sweet_jax.parallel import distributed; distributed.initialize(); import jax, os; "
@@ -32,7 +32,7 @@ def _shim(directory, name, body):
 
 def _env(tmp_path, **extra):
     return dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
+                XLA_FLAGS=device_flags(2), **extra)
 
 
 def _launch(script, *args, env=None, timeout=None):

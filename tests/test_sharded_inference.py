@@ -14,7 +14,7 @@ import urllib.request
 
 import budget
 import pytest
-from multidevice import run_with_devices
+from multidevice import device_flags, run_with_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = ("data=2,tensor=4", "tensor=8", "data=8")
@@ -47,7 +47,10 @@ def run(placement, page_size=None):
     p, cfg = placement.prepare(params, CFG)
     h, hcfg = placement.prepare(head, CFG.replace(score_head=True))
     greedy = generate(p, cfg, PROMPTS, GREEDY, placement=placement, page_size=page_size)
-    hot = generate(p, cfg, PROMPTS, HOT, n=3, seed=[4, 5, 6, 7], placement=placement, page_size=page_size)
+    # 12 samples through the greedy run's 4 slots (each slot taken again as one finishes): both runs share one set
+    # of compiled programs
+    hot = generate(p, cfg, PROMPTS, HOT, n=3, seed=[4, 5, 6, 7], placement=placement, page_size=page_size,
+                   max_slots=4)
     lps = continuation_logprobs(p, cfg, PREFIX, CANDS, placement=placement)
     pv, cv = continuation_values(h, hcfg, PREFIX, CANDS, placement=placement)
     return {"greedy": [s.tokens for r in greedy for s in r],
@@ -115,8 +118,7 @@ def test_the_decode_step_gathers_no_weight_or_cache_whole(results, mesh):
 
 
 def _serve(model_dir, port, log, mesh=None):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip())
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=device_flags(8))
     cmd = [sys.executable, "-m", "sweet_jax.serve", "--model", str(model_dir), "--port", str(port),
            "--max-model-len", "256", "--max-batch", "8"] + (["--mesh", mesh] if mesh else [])
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

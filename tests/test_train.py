@@ -10,7 +10,7 @@ import budget
 import numpy as np
 import pytest
 import safetensors.numpy
-from multidevice import run_processes
+from multidevice import device_flags, run_processes
 from system import train_then_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +179,7 @@ def test_training_on_an_8_device_mesh_matches_one_device(tmp_path):
                  "--config.optim.lr=1e-4", "--config.train.epochs=1"]
     one = _run("critic_tiny.py", tmp_path / "one", *mesh_args)
     assert one.returncode == 0, one.stderr[-3000:]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=device_flags(8), JAX_PLATFORMS="cpu")
     eight = subprocess.run(_cmd("critic_tiny.py", tmp_path / "eight", *mesh_args, "--config.mesh.data=2",
                                 "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
                            cwd=ROOT, capture_output=True, text=True, timeout=budget.time_left(), env=env)

@@ -32,7 +32,9 @@ class Batcher:
     for paired data), and a short last held-out batch gets them up to `pad_to` items; callers drop their outputs
     (`score_pairs`, `evaluate`). Training batches are always full (checked in `run`). Rows are padded to the length
     buckets of the batch's longest row and gather, or with `data.shapes = "split"` to those of the split's longest, so
-    that every batch of a split has one shape (rows of several packed examples keep the buckets of their own). On a
+    that every batch of a split has one shape, or with `data.shapes = "job"` to those of the longest of every split
+    the job names (`share_shapes`) that collates alike, so that the reference scores of the training and held-out
+    splits are one program (rows of several packed examples keep the buckets of their own). On a
     multi-host mesh each process collates only the rows its own devices hold, padded to the global batch's lengths,
     and the global arrays are assembled from those slices. A split marked `packed` gives one prefix-shared row per
     pair, or (single examples) rows of several whole examples (`data.packing`). Rows with images also get their
@@ -47,8 +49,17 @@ class Batcher:
         self.pack_length = cfg.data.pack_length
         self.layout = layout
         self.model_cfg = model_cfg  # a vision-language model's config, for batches with images
-        self.split_shapes = cfg.data.shapes == "split"
+        self.split_shapes = cfg.data.shapes in ("split", "job")
+        self.job_shapes = cfg.data.shapes == "job"
         self._split_lengths: dict[int, tuple] = {}  # id(split) -> (split, its lengths), with `split_shapes`
+        self._job_splits: tuple[splits.Split, ...] = ()
+
+    def share_shapes(self, *job_splits: splits.Split) -> None:
+        """The job's splits (training and held-out): with `data.shapes = "job"`, a batch of any of them is padded to
+        the buckets of the longest row and gather of all those that collate as it does (packed or not, paired or
+        not)."""
+        self._job_splits = job_splits
+        self._split_lengths.clear()
 
     @staticmethod
     def buckets_of(cfg) -> tuple[int, ...]:
@@ -107,12 +118,15 @@ class Batcher:
 
     def _lengths(self, split: splits.Split, items: list) -> tuple[int, int]:
         """(L, S) of a batch of `items` of `split`: the buckets of their longest row and gather, or (`split_shapes`)
-        of the whole split's, computed once per split."""
+        of the whole split's (`job_shapes`: of every split of the job that collates alike), computed once per split."""
         if self.split_shapes:
             known = self._split_lengths.get(id(split))
             if known is not None and known[0] is split:
                 return known[1]
             items = split.items
+            if self.job_shapes and any(s is split for s in self._job_splits):
+                items = [item for s in self._job_splits if (s.packed, s.paired) == (split.packed, split.paired)
+                         for item in s.items]
         if split.packed:
             lengths = packing.packed_lengths(list(items), self.pair_buckets, self.gather_buckets, self.nll_span)
         else:

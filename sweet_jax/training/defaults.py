@@ -44,7 +44,7 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
 def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
     """What the toy-scale jobs share (configs/critic_tiny.py, rft_tiny.py, mtdpo_tiny.py): a random-init tiny model
     (64 wide, 2 layers, tied embeddings, init std 0.1) with the cut-down Llama-3 tokenizer (`TINY_TOKENIZER`),
-    SYNTHETIC compact data over 4 constants, one shape per split, batch 8, one epoch, f32, a learning rate for a
+    SYNTHETIC compact data over 4 constants, one shape for the job's splits, batch 8, one epoch, f32, a learning rate for a
     64-wide model. A few minutes on a laptop CPU."""
     c = base_config()
     c.objective = objective
@@ -53,7 +53,7 @@ def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
     c.model.preset_overrides = ml_collections.ConfigDict(dict(TINY_MODEL, tie_word_embeddings=True))
     c.model.init_std = 0.1
     c.data.max_len = 512
-    c.data.shapes = "split"  # one compiled step per split: a tiny job's time is mostly compiling
+    c.data.shapes = "job"  # one shape for the job's splits: a tiny job's time is mostly compiling
     c.data.synthetic.num_tasks = 400
     c.data.synthetic.num_constants = 4
     c.data.synthetic.compact = True

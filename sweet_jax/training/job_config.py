@@ -43,10 +43,12 @@ class DataSettings(Section):
     score_span: Literal["assistant", "response", "all"] = setting("assistant", "the tokens an example is scored on")
     max_len: int = setting(8192, "the longest example in tokens (longer ones keep their final turn)")
     min_bucket: int = setting(128, "the shortest length bucket")
-    shapes: Literal["batch", "split"] = setting(
+    shapes: Literal["batch", "split", "job"] = setting(
         "batch", "batch: each batch padded to the length buckets of its own longest row and gather; split: every "
                  "batch of a split to those of the split's longest (one compiled step per split, what short jobs "
-                 "that mostly compile want: the tiny recipes); rows of several packed SFT examples keep their own")
+                 "that mostly compile want); job: every batch to those of the longest of the training and held-out "
+                 "splits (the reference scores of both one program: the tiny recipes); rows of several packed SFT "
+                 "examples keep their own")
     eval_fraction: float = setting(0.03, "the share of tasks held out")
     on_error: Literal["raise", "skip"] = setting("raise", "a bad record stops the job, or is skipped and counted")
     min_best_reward: float = setting(1.0, "the reward a trajectory needs to count as a success")

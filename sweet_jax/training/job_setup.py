@@ -282,6 +282,7 @@ def set_up(config) -> Job:
     params0 = initial_params(cfg.model, model_cfg, layout.params)  # each array built in its sharding
 
     batcher = Batcher(cfg, pad_id, layout, model_cfg)
+    batcher.share_shapes(train, held_out)
     recompute = spec.reference and cfg.loss.reference == "recompute"
     # With adapters, the reference is the base with them off: recomputed inside the step, from the same weights.
     in_step = train_steps.in_step_reference(cfg.objective, cfg.loss, model_cfg)
