@@ -44,8 +44,8 @@ def recipe_8b(objective: str) -> ml_collections.ConfigDict:
 def recipe_tiny(objective: str, name: str) -> ml_collections.ConfigDict:
     """What the toy-scale jobs share (configs/critic_tiny.py, rft_tiny.py, mtdpo_tiny.py): a random-init tiny model
     (64 wide, 2 layers, tied embeddings, init std 0.1) with the cut-down Llama-3 tokenizer (`TINY_TOKENIZER`),
-    SYNTHETIC compact data over 4 constants, one shape for the job's splits, batch 8, one epoch, f32, a learning rate for a
-    64-wide model. A few minutes on a laptop CPU."""
+    SYNTHETIC compact data over 4 constants, one shape for the job's splits, batch 8, one epoch, f32, a learning rate
+    for a 64-wide model. A few minutes on a laptop CPU."""
     c = base_config()
     c.objective = objective
     c.tokenizer_path = TINY_TOKENIZER
