@@ -34,13 +34,6 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # a second busy worker on 2 cores, the thread whose core is taken holds the others up. The SmolLM2 evaluation on vLLM
 # took 295 s beside one busy core (72 s alone) pinned, and 96 s unpinned on one thread (2026-12-07). The suite's vLLM
 # servers (and torch's references, numpy's BLAS) run one unpinned thread each.
-# glibc's malloc gives an allocation of over 128 KiB (up to 32 MiB as it adapts) its own mmap, and a worker thread's
-# arena back to the kernel when it shrinks: XLA:CPU's buffers for every step were fresh pages, faulted in and zeroed
-# each time. One arena, and large allocations kept in it, with the suite's processes (2 cores, 2026-12-07: the
-# shipped critic_tiny job, warm, 79 CPU-s of which 20 in the kernel, against 61 and 1; 47 s against 36).
-os.environ.setdefault("MALLOC_ARENA_MAX", "1")
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 30))
-os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
