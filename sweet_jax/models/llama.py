@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from sweet_jax.models import lora_layers, qwen2_vl
+from sweet_jax.models import lora_layers, qwen2_vl, random_draws
 from sweet_jax.models.attention import attention, cached_attention, prefix_shared_attention
 from sweet_jax.models.paged_attention import paged_decode_attention
 from sweet_jax.models.model_configs import LlamaConfig
@@ -139,9 +139,9 @@ def init_params(cfg: LlamaConfig, key: jax.Array, std: float = 0.02) -> Params:
     out = []
     for path, shape, k in zip(paths, leaves, keys):
         if "norm" in path:
-            out.append((jnp.zeros if path.endswith("_b']") else jnp.ones)(shape, dtype))
+            out.append(random_draws.constant(shape, dtype, 0.0 if path.endswith("_b']") else 1.0, key))
         else:
-            out.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+            out.append(random_draws.normal(k, shape, std, dtype))
     return jax.tree.unflatten(treedef, out)
 
 

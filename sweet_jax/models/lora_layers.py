@@ -13,6 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sweet_jax.models import random_draws
 from sweet_jax.models.model_configs import LORA_TARGETS, LoraSettings
 
 Params = dict
@@ -55,7 +56,8 @@ def init_adapters_of(shapes: Params, key: jax.Array, dtype=DTYPE) -> Params:
     out = {}
     for k, (name, sh) in zip(keys, sorted(layers.items())):
         bound = 1.0 / math.sqrt(math.prod(sh["a"][1:-1]))
-        out[name] = {"a": jax.random.uniform(k, sh["a"], dtype, -bound, bound), "b": jnp.zeros(sh["b"], dtype)}
+        out[name] = {"a": random_draws.uniform(k, sh["a"], dtype, -bound, bound),
+                     "b": random_draws.constant(sh["b"], dtype, 0.0, key)}
     return {"layers": out}
 
 
