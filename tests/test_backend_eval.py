@@ -20,7 +20,7 @@ import pytest
 from system import needs_bwrap
 
 from sweet_jax.colbench import backend_eval, sandbox
-from sweet_jax.colbench.sandbox_worker import decode, encode
+from sweet_jax.colbench.sandbox_worker import decode, dumps, encode
 from sweet_jax.colbench.scoring import score_answer
 from sweet_jax.files.errors import DataError
 
@@ -41,12 +41,41 @@ def fenced(code: str) -> str:
     np.float64(1.25), np.int32(3), np.arange(6).reshape(2, 3), np.array(["a", "bc"]),
     __import__("datetime").datetime(2024, 1, 2, 3, 4, 5), __import__("decimal").Decimal("1.10"),
     __import__("fractions").Fraction(3, 4), int, ValueError, np.ndarray,
+    'a "quoted" \\ back\tslash\n\x00\x1f', "\ud800 lone surrogate", "\U0001f600 beyond the BMP",
 ])
 def test_codec_round_trip_keeps_equality(value):
-    back = decode(json.loads(json.dumps(encode(value))))
+    """Through the text the worker writes (its own `dumps`, which the evaluator reads with `json.loads`)."""
+    back = decode(json.loads(dumps(encode(value))))
     eq = back == value
     assert bool(np.all(eq)) if isinstance(eq, np.ndarray) else eq
     assert type(back) is type(value) or isinstance(value, (bytes, bytearray))
+
+
+def test_the_workers_json_is_jsons():
+    tree = encode([{"k": ("\u00e9\x7f", -2 ** 70)}, None, True, False, "\ud83d", range(3)])
+    assert json.loads(dumps(tree)) == tree == json.loads(json.dumps(tree))
+    assert dumps(tree) == json.dumps(tree, separators=(",", ":"))
+    with pytest.raises(TypeError):
+        dumps(["float", 1.5])  # an encoded tree holds no raw float
+
+
+@needs_bwrap
+def test_stdlib_values_cross_the_sandbox_though_the_worker_imports_none_of_their_modules():
+    """The worker imports datetime, decimal and fractions only once the code under test has: a value of their types
+    comes back as itself, also when the code loaded only the C module that defines the type (`_datetime`)."""
+    code = ("def f():\n    import datetime\n    return [datetime.date(2024, 2, 29), datetime.timedelta(3, 4, 5)]\n"
+            "def g():\n    import decimal, fractions\n    return (decimal.Decimal('1.10'), fractions.Fraction(3, 4))\n"
+            "def h():\n    import _datetime\n    return _datetime.datetime(2024, 1, 2, 3, 4, 5)\n"
+            "def k():\n    import sys\n    return sorted(m for m in ('datetime', 'decimal', 'fractions', 'json', "
+            "'enum') if m in sys.modules)\n")
+    assert decode(sandbox.run_code(code, ["k()"])[0]) == []  # a fresh worker has loaded none of them
+    got = [decode(v) for v in sandbox.run_code(code, ["f()", "g()"]) + sandbox.run_code(code, ["h()"])]
+    import datetime
+    import decimal
+    import fractions
+    assert got[0] == [datetime.date(2024, 2, 29), datetime.timedelta(3, 4, 5)]
+    assert got[1] == (decimal.Decimal("1.10"), fractions.Fraction(3, 4)) and type(got[1][0]) is decimal.Decimal
+    assert got[2] == datetime.datetime(2024, 1, 2, 3, 4, 5) and type(got[2]) is datetime.datetime
 
 
 def test_codec_nan_is_never_equal_like_the_reference():

@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import functools
 import json
+import marshal
 import os
 import platform
 import select
@@ -152,8 +153,8 @@ def run_code(code: str, calls: list[str], *, namespace: str = "official", timeou
     start = 0
     while start < len(calls):
         read_fd, write_fd = os.pipe()
-        job = json.dumps({"code": code, "calls": calls, "start": start, "namespace": namespace, "timeout": timeout,
-                          "limits": lim, "no_fork": _no_fork(limits), "fd": write_fd, "path": site_path()})
+        job = marshal.dumps({"code": code, "calls": calls, "start": start, "namespace": namespace, "timeout": timeout,
+                             "limits": lim, "no_fork": _no_fork(limits), "fd": write_fd, "path": list(site_path())})
         try:
             proc = _spawn(command(limits, hide), {**ENV, "PYTHONHASHSEED": str(limits.hash_seed)}, write_fd)
         except BaseException:
@@ -195,11 +196,11 @@ def check(limits: Limits = Limits()) -> None:
                                "restrict_unprivileged_userns, or a container's seccomp profile may block them)")
 
 
-def _collect(proc, job: str, read_fd: int, results: list, start: int, per_test: float, startup: float) -> int:
+def _collect(proc, job: bytes, read_fd: int, results: list, start: int, per_test: float, startup: float) -> int:
     """Read result lines until the worker finishes or the watchdog fires; return the next test to run."""
     try:
         try:
-            proc.stdin.write(job.encode())
+            proc.stdin.write(job)
             proc.stdin.close()
         except BrokenPipeError:
             pass
