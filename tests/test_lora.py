@@ -2,6 +2,7 @@
 model give the same logits, in both directions of the adapter format."""
 
 import copy
+import functools
 import json
 
 import numpy as np
@@ -141,6 +142,7 @@ def test_the_gradient_with_respect_to_the_adapters_equals_central_differences(tm
                                                list(jax.random.split(key_b, len(jax.tree.leaves(adapters))))))
     tokens = jax.random.randint(key_t, (2, 10), 0, cfg.vocab_size)
 
+    @functools.partial(jax.jit, static_argnames="merged")  # compiled: run op by op, it compiled hundreds of programs
     def loglik(ad, merged=False):
         logits = (models.forward(lora.merge(params, ad, s), cfg, tokens) if merged else
                   models.forward({**params, "lora": ad}, cfg.replace(lora=s), tokens)).astype(jnp.float32)
