@@ -54,6 +54,10 @@ def _is_shape(x) -> bool:
     return isinstance(x, tuple)
 
 
+def _shapes_by_path(tree) -> list[tuple[str, tuple]]:
+    return [(jax.tree_util.keystr(p), s) for p, s in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_shape)[0]]
+
+
 def test_init_params_is_the_per_leaf_init_and_draws_at_a_few_sizes(caplog):
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=80, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=8, param_dtype="bfloat16", lora=LoraSettings(rank=4, targets=("q_proj", "down_proj")))
@@ -62,11 +66,10 @@ def test_init_params_is_the_per_leaf_init_and_draws_at_a_few_sizes(caplog):
     # the init as plain jax calls, one per leaf, in llama.init_params's and lora_layers.init_adapters_of's order
     shapes = param_shapes(cfg)
     base = {k: v for k, v in shapes.items() if k != "lora"}
-    leaves, treedef = jax.tree.flatten(base, is_leaf=_is_shape)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(base, is_leaf=_is_shape)[0]]
+    leaves = _shapes_by_path(base)
     want = [jnp.ones(shape, jnp.bfloat16) if "norm" in path else
             (0.05 * jax.random.normal(k, shape, jnp.float32)).astype(jnp.bfloat16)
-            for path, shape, k in zip(paths, leaves, jax.random.split(key, len(leaves)))]
+            for (path, shape), k in zip(leaves, jax.random.split(key, len(leaves)))]
     got = jax.tree.leaves({k: v for k, v in params.items() if k != "lora"})
     assert len(got) == len(want) == 12  # embed, lm_head, final_norm and 9 stacked layer weights
     for g, w in zip(got, want):
@@ -83,13 +86,10 @@ def test_init_params_is_the_per_leaf_init_and_draws_at_a_few_sizes(caplog):
     other = cfg.replace(vocab_size=80, hidden_size=24, intermediate_size=72, head_dim=6, lora=None)
 
     def buckets(c):
-        return {1 << (int(np.prod(s)) - 1).bit_length() for p, s in
-                zip(*[[jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-                    param_shapes(c), is_leaf=_is_shape)[0]], jax.tree.leaves(param_shapes(c), is_leaf=_is_shape)])
-                if "norm" not in p}
+        return {1 << (int(np.prod(s)) - 1).bit_length() for p, s in _shapes_by_path(param_shapes(c)) if "norm" not in p}
 
     new = buckets(other) - buckets(cfg.replace(lora=None))
-    assert len(new) < len(jax.tree.leaves(param_shapes(other), is_leaf=_is_shape)) - 3  # fewer than its shapes
+    assert len(new) < len(_shapes_by_path(param_shapes(other))) - 3  # fewer than its shapes
     with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
         init_params(other, jax.random.key(12), std=0.05)
     compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation of jit(_normal)" in r.getMessage()]

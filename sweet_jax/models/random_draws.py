@@ -29,26 +29,26 @@ def eager(key: jax.Array) -> bool:
     return not isinstance(key, jax.core.Tracer)
 
 
-def _on_host(key, n: int) -> bool:
-    return eager(key) and bool(jax.config.jax_threefry_partitionable) and n <= LARGEST
+def _from_bucket(draw, key: jax.Array, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`draw(key, shape)` on the host, drawn at the size's bucket and cut; None where it must be the plain draw."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if not eager(key) or not jax.config.jax_threefry_partitionable or n > LARGEST:
+        return None
+    return np.asarray(draw(key, (_bucket(n),)))[:n].reshape(shape)
 
 
 def normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype) -> jax.Array:
     """`(std * jax.random.normal(key, shape, float32)).astype(dtype)`."""
-    n = int(np.prod(shape, dtype=np.int64))
-    if not _on_host(key, n):
+    flat = _from_bucket(lambda k, s: jax.random.normal(k, s, jnp.float32), key, shape)
+    if flat is None:
         return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    flat = np.asarray(jax.random.normal(key, (_bucket(n),), jnp.float32))[:n]
-    return jnp.asarray((np.float32(std) * flat).reshape(shape).astype(jnp.dtype(dtype)))
+    return jnp.asarray((np.float32(std) * flat).astype(jnp.dtype(dtype)))
 
 
 def uniform(key: jax.Array, shape: tuple[int, ...], dtype, minval: float, maxval: float) -> jax.Array:
     """`jax.random.uniform(key, shape, dtype, minval, maxval)`."""
-    n = int(np.prod(shape, dtype=np.int64))
-    if not _on_host(key, n):
-        return jax.random.uniform(key, shape, dtype, minval, maxval)
-    flat = np.asarray(jax.random.uniform(key, (_bucket(n),), dtype, minval, maxval))[:n]
-    return jnp.asarray(flat.reshape(shape))
+    flat = _from_bucket(lambda k, s: jax.random.uniform(k, s, dtype, minval, maxval), key, shape)
+    return jax.random.uniform(key, shape, dtype, minval, maxval) if flat is None else jnp.asarray(flat)
 
 
 def constant(shape: tuple[int, ...], dtype, value: float, key: jax.Array) -> jax.Array:
