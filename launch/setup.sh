@@ -45,6 +45,12 @@ command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap "the ColBench evaluat
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_JAX_CHROMIUM:-}" ]; then
     apt_install chromium "the ColBench frontend renderer"
 fi
+# gperftools' tcmalloc, which launch/env.sh preloads into the jobs: XLA:CPU's steps reuse their memory instead of
+# faulting it in afresh (optional: without it, or without apt, the jobs run on glibc's malloc)
+if command -v apt-get >/dev/null 2>&1 \
+        && ! (ldconfig -p || /sbin/ldconfig -p) 2>/dev/null | grep "libtcmalloc_minimal\.so\.4 " >/dev/null; then
+    apt_install libtcmalloc-minimal4 "the jobs' allocator" || echo "[setup] warning: tcmalloc not installed" >&2
+fi
 
 # Tailwind 2.2.19's CSS, from the npm package fetched with the npm client (`npm pack`), for offline rendering (every
 # frontend page loads it). Its sha256 lives in sweet_jax/colbench/render.py, which checks it again when rendering.

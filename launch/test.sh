@@ -35,6 +35,7 @@ if ! bash launch/setup.sh; then
     [ -n "$KERNEL_OUT" ] && kill "$KERNEL_PID" 2>/dev/null
     exit 1
 fi
+source launch/env.sh  # the allocator (tcmalloc): the steps reuse their memory
 if [ -n "$VLLM_OUT" ]; then
     wait "$VLLM_PID" || exit $?
     SWEET_JAX_VLLM_PYTHON="$(tail -n 1 "$VLLM_OUT")"

@@ -4,5 +4,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh || exit $?
+source launch/env.sh  # the allocator
 VENV=${SWEET_JAX_VENV:-.venv}
 exec "$VENV/bin/python" -m sweet_jax.train "$@"

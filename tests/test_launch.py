@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import budget
+import pytest
 from multidevice import device_flags, one_job_at_a_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,3 +160,79 @@ def test_setup_refuses_an_unknown_accelerator_before_installing_anything(tmp_pat
                               text=True, env=env, timeout=budget.time_left())
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "venv").exists()
+
+
+
+_LDCONFIG = """
+    echo "2 libs found in cache \\`/etc/ld.so.cache'"
+    echo "	libtcmalloc_minimal.so.4 (libc6,x86-64) => /opt/gperftools/libtcmalloc_minimal.so.4"
+    echo "	libc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
+"""
+
+
+def _launcher_env(tmp_path, ldconfig=_LDCONFIG, **env) -> dict[str, str]:
+    """LD_PRELOAD and GLIBC_TUNABLES after sourcing launch/env.sh from `env` (a value of None: unset), with an
+    `ldconfig` on the PATH that lists what `ldconfig` says (by default tcmalloc at a made-up path)."""
+    _shim(tmp_path, "ldconfig", ldconfig)
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "SWEET_JAX_TCMALLOC")}
+    base.update({k: v for k, v in env.items() if v is not None}, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-c", 'source launch/env.sh && printf "%s\\n%s" "${LD_PRELOAD-unset}" '
+                                         '"${GLIBC_TUNABLES-unset}"'], cwd=ROOT, env=base, capture_output=True,
+                          text=True, check=True)
+    preload, tunables = done.stdout.split("\n")
+    return {"LD_PRELOAD": preload, "GLIBC_TUNABLES": tunables}
+
+
+def test_the_launchers_preload_tcmalloc_and_keep_a_users_settings(tmp_path):
+    lib, hugetlb = "/opt/gperftools/libtcmalloc_minimal.so.4", "glibc.malloc.hugetlb=1"
+    assert _launcher_env(tmp_path) == {"LD_PRELOAD": lib, "GLIBC_TUNABLES": hugetlb}
+    assert _launcher_env(tmp_path, LD_PRELOAD="/x/libfoo.so", GLIBC_TUNABLES="glibc.malloc.arena_max=2") == {
+        "LD_PRELOAD": f"/x/libfoo.so:{lib}", "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{hugetlb}"}
+    # the user's own allocator, or their choice of huge pages, stands; SWEET_JAX_TCMALLOC=0 preloads nothing
+    assert _launcher_env(tmp_path, LD_PRELOAD="/x/libjemalloc.so.2")["LD_PRELOAD"] == "/x/libjemalloc.so.2"
+    off = "glibc.malloc.hugetlb=0"
+    assert _launcher_env(tmp_path, GLIBC_TUNABLES=off)["GLIBC_TUNABLES"] == off
+    assert _launcher_env(tmp_path, SWEET_JAX_TCMALLOC="0")["LD_PRELOAD"] == "unset"
+    no_tcmalloc = "\n".join(line for line in _LDCONFIG.splitlines() if "tcmalloc" not in line)
+    assert _launcher_env(tmp_path, no_tcmalloc) == {"LD_PRELOAD": "unset", "GLIBC_TUNABLES": hugetlb}
+
+
+# Allocates a fresh 256 MiB buffer eight times over, as XLA:CPU's steps allocate their temporaries (malloc, one write
+# per 4 KiB page, free), and prints the minor page faults that took.
+_FAULTS = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+n = 256 << 20
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):
+    p = libc.malloc(n)
+    ctypes.memset(p, 1, n)
+    libc.free(p)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_under_the_launchers_environment_a_steps_buffers_are_not_faulted_in_afresh():
+    """The environment launch/env.sh gives this machine: tcmalloc reuses a freed buffer, or glibc maps it in huge
+    pages; either way half the page faults or fewer (tcmalloc gives back some of what it holds now and then)."""
+    launched = subprocess.run(["bash", "-c", "source launch/env.sh && env -0"], cwd=ROOT, capture_output=True,
+                              check=True).stdout.decode()
+    env = dict(line.split("=", 1) for line in launched.split("\0") if "=" in line)
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            thp = "[madvise]" in fh.read()
+    except OSError:
+        thp = False
+    if "tcmalloc" not in env.get("LD_PRELOAD", "") and not thp:
+        pytest.skip("neither tcmalloc (launch/setup.sh installs it with apt) nor THP in madvise mode here")
+    plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+
+    def faults(env):
+        return int(subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+
+    before, after = faults(plain), faults(env)
+    assert before >= 8 * 60_000  # glibc maps each buffer afresh: a fault per 4 KiB page, every time
+    assert after * 2 <= before, (before, after)
