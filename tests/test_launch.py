@@ -162,7 +162,6 @@ def test_setup_refuses_an_unknown_accelerator_before_installing_anything(tmp_pat
     assert not (tmp_path / "venv").exists()
 
 
-
 _LDCONFIG = """
     echo "2 libs found in cache \\`/etc/ld.so.cache'"
     echo "	libtcmalloc_minimal.so.4 (libc6,x86-64) => /opt/gperftools/libtcmalloc_minimal.so.4"
@@ -171,11 +170,11 @@ _LDCONFIG = """
 
 
 def _launcher_env(tmp_path, ldconfig=_LDCONFIG, **env) -> dict[str, str]:
-    """LD_PRELOAD and GLIBC_TUNABLES after sourcing launch/env.sh from `env` (a value of None: unset), with an
-    `ldconfig` on the PATH that lists what `ldconfig` says (by default tcmalloc at a made-up path)."""
+    """LD_PRELOAD and GLIBC_TUNABLES after sourcing launch/env.sh in an environment with `env` set, and on the PATH an
+    `ldconfig` that runs the script `ldconfig` (by default, one that lists tcmalloc at a made-up path)."""
     _shim(tmp_path, "ldconfig", ldconfig)
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "SWEET_JAX_TCMALLOC")}
-    base.update({k: v for k, v in env.items() if v is not None}, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    base.update(env, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     done = subprocess.run(["bash", "-c", 'source launch/env.sh && printf "%s\\n%s" "${LD_PRELOAD-unset}" '
                                          '"${GLIBC_TUNABLES-unset}"'], cwd=ROOT, env=base, capture_output=True,
                           text=True, check=True)
