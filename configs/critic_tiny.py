@@ -2,9 +2,10 @@
 
 Runs on 2 CPU cores in under a minute with no network (44-49 s through launch/train.sh, 48-64 s on glibc's malloc,
 2026-12-07). The critic sees the reference solution (training-time information) before the conversation and learns
-to prefer trajectories whose final answer matches it: held-out pair accuracy 0.97 (tests/test_learning_signal.py asks for >= 0.9). With --config.data.with_info=False the
-same recipe has no way to tell the answers apart and stays at chance (the control). Learning rate, beta, init scale
-and the frozen embedding are tiny-model settings, not the 8B recipe's.
+to prefer trajectories whose final answer matches it: held-out pair accuracy 0.97 (tests/test_learning_signal.py
+asks for >= 0.9). With --config.data.with_info=False the same recipe has no way to tell the answers apart and stays
+at chance (the control). Learning rate, beta, init scale and the frozen embedding are tiny-model settings, not the
+8B recipe's.
 """
 
 from sweet_jax.training.defaults import recipe_tiny
