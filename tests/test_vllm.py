@@ -8,6 +8,7 @@ kills and restarts its server, starts its own."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_PYTHON = os.environ.get("SWEET_JAX_VLLM_PYTHON", "")
+ANSWERED = re.compile(r'"POST /v1/\S+ HTTP/1.1" 200')  # a served request in a vLLM server's access log
 needs_vllm = pytest.mark.skipif(not (VLLM_PYTHON and os.path.exists(VLLM_PYTHON)),
                                 reason="no vLLM environment (SWEET_JAX_VLLM_PYTHON; `bash launch/setup_vllm.sh`)")
 # vLLM's CPU attention refuses head_dim 16 (the tiny presets'); 64 works
@@ -270,23 +272,29 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     proc = subprocess.Popen([*cmd, "--stage", "data,sample,rank,test_zero_shot"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     killed = None
+    served_log = run / "logs" / "data.serve.log"
     try:
-        deadline = time.time() + budget.time_left(margin=60)
-        partial = run / "data" / "train_trajectories.jsonl.partial"
+        # the kill lands mid-collection: right after the server's first answered request (collection on 2 cores is
+        # a few seconds of several rounds of requests, so a trigger on the trajectories' file came too late)
+        deadline, server = time.time() + budget.time_left(margin=60), None
         while proc.poll() is None and time.time() < deadline:
-            if killed is None and partial.exists() and partial.stat().st_size > 0:
+            if killed is None and server is None:
                 pids = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server --model {run}"],
                                       capture_output=True, text=True).stdout.split()
-                if pids:
-                    killed = int(pids[0])
-                    os.kill(killed, signal.SIGKILL)
-            time.sleep(1)
+                server = int(pids[0]) if pids else None
+            if killed is None and server and served_log.exists() and ANSWERED.search(served_log.read_text()):
+                os.kill(server, signal.SIGKILL)
+                killed = server
+            time.sleep(0.02 if server else 0.5)
         assert proc.poll() == 0, open(tmp_path / "pipeline.log").read()[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert killed, "collection ended before the server could be killed"
+    assert killed, "the pipeline ended before its server answered a request"
+    stages = open(tmp_path / "pipeline.log").read()
+    restarted, collected = stages.find("; restarting it (restart 1)"), stages.find("stage data    finished")
+    assert 0 <= restarted < collected, stages[-4000:]  # the server was killed and restarted while collecting
     restarts = open(tmp_path / "pipeline.log").read().count("; restarting it (restart ")
     assert restarts >= 1
     rows = [json.loads(line) for line in open(run / "data" / "train_trajectories.jsonl")]
