@@ -82,6 +82,24 @@ def test_system_block_is_added_when_missing(tok):
     assert r.tokens.tolist() == ref
 
 
+@pytest.mark.parametrize("messages", [COLBENCH_CHAT, COLBENCH_CHAT[1:], COLBENCH_CHAT[1:2],
+                                      [{"role": "system", "content": "  'quoted' \\ {{ braces }}\n"},
+                                       {"role": "user", "content": "\n  hi  \n"}]])
+@pytest.mark.parametrize("gen", [False, True])
+def test_the_llama3_jinja_template_renders_as_the_format_and_the_official_template(tok, messages, gen):
+    """What a vLLM server is given for a Llama model whose tokenizer has no template (`LLAMA3_TEMPLATE`), rendered by
+    transformers' apply_chat_template: the official template's text and the format's own rendering, character for
+    character, with and without a system message and the generation prompt."""
+    from sweet_jax.chat import get_format
+    from sweet_jax.chat.llama3 import LLAMA3_TEMPLATE
+
+    text = tok.apply_chat_template(messages, chat_template=LLAMA3_TEMPLATE, tokenize=False,
+                                   add_generation_prompt=gen)
+    _, official = _reference_ids(tok, messages, LLAMA31_TEMPLATE, gen)
+    assert text == official == Llama31ChatFormat(tok).render_text(messages, add_generation_prompt=gen)
+    assert get_format("llama3").jinja_template == LLAMA3_TEMPLATE and "\n" not in LLAMA3_TEMPLATE  # one line
+
+
 def test_assistant_mask_is_content_and_eot_only(tok):
     r = Llama31ChatFormat(tok).render(COLBENCH_CHAT)
     mask = r.assistant_mask

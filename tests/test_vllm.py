@@ -74,6 +74,33 @@ def shared_vllm() -> tuple[str, str]:
     return shared_server("vllm", start) + "/v1", model
 
 
+def test_a_vllm_server_of_a_model_without_a_chat_template_gets_its_familys(tmp_path, monkeypatch):
+    """vLLM refuses every chat request for a model whose tokenizer has no template (a random init, a base model):
+    the command it is started with gives it the family's format as a template (a Llama model: the Llama-3.1 format),
+    and gives none to a model with its own template, or when the user's server arguments name one."""
+    import json
+
+    from sweet_jax.chat.llama3 import LLAMA3_TEMPLATE, bundled_llama3_tokenizer_dir
+    from sweet_jax.inference.backends import BackendSettings, server_command
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled_llama3_tokenizer_dir(), model)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+
+    def template(extra=""):
+        cmd = server_command(BackendSettings(backend="vllm", vllm_python=str(python), extra_args=extra), str(model),
+                             8000, "python")
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--chat-template"]
+
+    assert template() == [LLAMA3_TEMPLATE]
+    assert template("--chat-template /my/template.jinja") == ["/my/template.jinja"]
+    (model / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert template() == []
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_vllm_prompt_logprobs_equal_the_in_process_ranking_scores():
@@ -303,6 +330,10 @@ def test_the_pipeline_runs_on_vllm_and_survives_a_kill_of_the_server(tmp_path):
     # the policy's server started once (and again at each restart: the kill's, and any a loaded CI machine adds):
     # sampling and the test stage used the kept server, ranking the endpoint
     served = (run / "logs" / "data.serve.log").read_text()
+    # the simulator's chats were served (the random init has no chat template: the server got the Llama-3.1 one),
+    # not refused and turned into "No response."
+    assert re.search(r'"POST /v1/chat/completions HTTP/1.1" 200', served)
+    assert not re.search(r'"POST /v1/chat/completions HTTP/1.1" 4', served)
     assert served.count("\n$ ") == 1 + restarts and "vllm.entrypoints.openai.api_server" in served
     assert sorted(p.name for p in (run / "logs").glob("*.serve.log")) == ["data.serve.log"]
     ranked = [json.loads(line) for line in open(run / "bon" / "ranked.jsonl")]

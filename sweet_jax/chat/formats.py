@@ -20,6 +20,9 @@ ROLE_IDS = {"system": 1, "user": 2, "assistant": 3, "ipython": 4, "tool": 4}
 NO_ROLE = 0
 ASSISTANT = ROLE_IDS["assistant"]
 DEFAULT_FORMAT = "llama3"
+# each model family's chat format (HF config.json "model_type" -> format name): what a tokenizer without a chat
+# template of its own is rendered with (`models.families` reads it from here)
+FAMILY_FORMATS = {"llama": "llama3", "qwen2": "chatml", "qwen2_vl": "chatml"}
 
 Messages = Sequence[Mapping[str, str]]
 
@@ -97,6 +100,9 @@ class ChatFormat(abc.ABC):
     eot: str  # the end-of-turn token's text
     assistant_header: str  # the text that opens an assistant turn: the generation prompt
     score_pad_token: str | None = None  # a special token that never occurs in text, to pad score-head batches with
+    # the format as a Jinja chat template (the same text as `render_text`): what a server that renders chats itself
+    # (vLLM) is given for a model whose tokenizer has no template of its own
+    jinja_template: str | None = None
 
     @abc.abstractmethod
     def render_text(self, messages: Messages, *, add_generation_prompt: bool = False, add_bos: bool = True,

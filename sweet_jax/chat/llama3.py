@@ -24,7 +24,7 @@ from sweet_jax.chat.formats import (ASSISTANT, NO_ROLE, ROLE_IDS, ChatFormat, Re
                                     TokenizedFormat, register)
 
 __all__ = ["ASSISTANT", "BOS", "EOT", "END_HEADER", "START_HEADER", "Llama31ChatFormat", "Llama3Format", "LLAMA3",
-           "ROLE_IDS", "bundled_llama3_tokenizer_dir", "date_preamble", "parse_text", "render_text"]
+           "LLAMA3_TEMPLATE", "ROLE_IDS", "bundled_llama3_tokenizer_dir", "date_preamble", "parse_text", "render_text"]
 
 BOS, START_HEADER, END_HEADER, EOT = "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
 FINETUNE_PAD = "<|finetune_right_pad_id|>"  # a special token of the Llama-3 vocabulary that never occurs in text
@@ -182,6 +182,24 @@ class Llama31ChatFormat(TokenizedFormat):
         return SegmentedChat(tokens=ids, roles=roles, turns=turns, content=content, separator=separator)
 
 
+def _jinja_text(text: str) -> str:
+    """`text` as a Jinja expression, its newlines escaped: a template's literal text that no whitespace control of
+    the renderer (trim_blocks, lstrip_blocks) can change."""
+    return "{{ '" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "' }}"
+
+
+# The Llama-3.1 format with its date header as a Jinja chat template, on one line: `render_text` with
+# date_header=True, add_bos=True (tests/test_chat.py renders both with transformers and compares)
+LLAMA3_TEMPLATE = (
+    BOS + START_HEADER + "system" + END_HEADER + _jinja_text("\n\n" + date_preamble())
+    + "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}"
+    "{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}" + EOT
+    + "{% for m in rest %}" + START_HEADER + "{{ m['role'] }}" + END_HEADER + _jinja_text("\n\n")
+    + "{{ m['content'] | trim }}" + EOT + "{% endfor %}"
+    "{% if add_generation_prompt %}" + START_HEADER + "assistant" + END_HEADER + _jinja_text("\n\n")
+    + "{% endif %}")
+
+
 class Llama3Format(ChatFormat):
     """The Llama-3.1 chat format on text; `tokenized(tokenizer)` is a `Llama31ChatFormat`."""
 
@@ -189,6 +207,7 @@ class Llama3Format(ChatFormat):
     eot = EOT
     assistant_header = f"{START_HEADER}assistant{END_HEADER}\n\n"
     score_pad_token = FINETUNE_PAD
+    jinja_template = LLAMA3_TEMPLATE
 
     def render_text(self, messages, *, add_generation_prompt=False, add_bos=True, date_header=True) -> str:
         return render_text(messages, add_generation_prompt=add_generation_prompt, add_bos=add_bos,

@@ -119,6 +119,28 @@ def load_adapter(url: str, name: str, adapter: str, timeout: float = 300.0) -> N
             raise ServerError(f"{url}: could not load the adapter {adapter} as {name!r}: {body[:500]}") from None
 
 
+def family_chat_template(model: str) -> str | None:
+    """For a server that renders chats itself (vLLM): the chat template of the HF directory `model`'s family
+    (`chat.formats.FAMILY_FORMATS`, as a Jinja template) when the model's tokenizer has none of its own, so the
+    server writes a conversation as the project's engine and jobs do. A random init or a base model ships no template,
+    and vLLM refuses every chat request for it (400): the simulator's turns would all be "No response.". None when
+    the tokenizer has a template, or `model` is no local directory with a config and a tokenizer."""
+    import json
+
+    from sweet_jax import chat
+    from sweet_jax.chat.formats import FAMILY_FORMATS
+
+    config = os.path.join(model, "config.json")
+    if not (os.path.isfile(config) and chat.has_tokenizer(model)):
+        return None
+    if chat.load_tokenizer(model).chat_template:
+        return None
+    with open(config) as fh:
+        model_type = json.load(fh).get("model_type")
+    name = FAMILY_FORMATS.get(model_type)
+    return chat.get_format(name).jinja_template if name else None
+
+
 def server_command(s: BackendSettings, model: str, port: int, python: str, name: str | None = None,
                    lora_rank: int = 0) -> list[str]:
     """The command line that serves `model` (an HF directory) on 127.0.0.1:`port` as `name`; with `lora_rank`
@@ -153,8 +175,10 @@ def server_command(s: BackendSettings, model: str, port: int, python: str, name:
         if lora_rank:
             lora = ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(lora_rank)), "--max-loras", "4"]
             env = ["env", *env[1:], "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"]
+        template = None if any(a.startswith("--chat-template") for a in extra) else family_chat_template(model)
         return [*env, python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-                "--host", "127.0.0.1", "--served-model-name", name, *lora, "--max-model-len", str(s.max_model_len),
+                "--host", "127.0.0.1", "--served-model-name", name, *lora,
+                *(["--chat-template", template] if template else []), "--max-model-len", str(s.max_model_len),
                 "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
                 "--max-num-seqs", str(s.max_batch), *cpu,
                 *(["--gpu-memory-utilization", str(s.memory_fraction)] if s.memory_fraction else []), *extra]

@@ -6,7 +6,8 @@
     family.hf_weight_layout(cfg)              # where each weight lives in an HF checkpoint
     family.chat_format                        # the name of its chat format (`sweet_jax.chat`)
 
-A new family registers a `ModelFamily` here; loading, saving, sharding and the chat format then follow from it.
+A new family registers a `ModelFamily` here, and its chat format in `chat.formats.FAMILY_FORMATS`; loading, saving,
+sharding and the chat format then follow from it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from sweet_jax.chat.formats import FAMILY_FORMATS
 from sweet_jax.models import llama, qwen2_vl
 from sweet_jax.models.model_configs import PRESETS, ConfigError, LlamaConfig, Qwen2Config, Qwen2VLConfig, read_hf_config
 
@@ -35,14 +37,15 @@ class ModelFamily:
 
 FAMILIES: dict[str, ModelFamily] = {
     "llama": ModelFamily("llama", LlamaConfig, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
-                         chat_format="llama3"),
+                         chat_format=FAMILY_FORMATS["llama"]),
     # Qwen2 is the Llama decoder with q/k/v biases (`Qwen2Config.qkv_bias`): the same functions run it.
     "qwen2": ModelFamily("qwen2", Qwen2Config, llama.param_shapes, llama.param_logical_axes, llama.hf_weight_layout,
-                         chat_format="chatml"),
+                         chat_format=FAMILY_FORMATS["qwen2"]),
     # Qwen2-VL is that decoder with M-RoPE and a vision tower (`models.qwen2_vl`), both run by the same functions
     # from the config's `mrope_section` and `vision`. Saved in the published naming (`model.layers.*`, `visual.*`).
     "qwen2_vl": ModelFamily("qwen2_vl", Qwen2VLConfig, llama.param_shapes, llama.param_logical_axes,
-                            llama.hf_weight_layout, chat_format="chatml", alternate_hf_name=qwen2_vl.alternate_hf_name),
+                            llama.hf_weight_layout, chat_format=FAMILY_FORMATS["qwen2_vl"],
+                            alternate_hf_name=qwen2_vl.alternate_hf_name),
 }
 
 
