@@ -79,7 +79,6 @@ class TemplateChatFormat(ChatFormat):
     def __init__(self, template: str, *, special: Mapping[str, str] | None = None,
                  special_tokens: Sequence[str] = (), name: str = "template", source: str = "the chat template"):
         self.name, self.template, self.source = name, template, source
-        self.jinja_template = template
         self.special = {k: v for k, v in (special or {}).items() if isinstance(v, str)}
         # the BOS that add_bos=False drops: only one the template writes (SmolLM2's "bos_token" is <|im_start|>,
         # which opens every ChatML turn)
@@ -109,6 +108,10 @@ class TemplateChatFormat(ChatFormat):
             raise ValueError(f"{source}: the role headers {header_u!r} and {header_a!r} do not write the role name "
                              "literally")
         self.headers = {role: header_u.replace("user", role) for role in ROLE_IDS}
+
+    @property
+    def jinja_template(self) -> str:
+        return self.template
 
     @classmethod
     def of(cls, tokenizer, name: str = "template") -> "TemplateChatFormat":
