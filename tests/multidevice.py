@@ -17,9 +17,11 @@ def device_flags(n: int) -> str:
 def run_with_devices(code: str, n: int = 8, timeout: float | None = None) -> str:
     """stdout of `code` run in a fresh Python with `n` fake CPU devices (timeout: what is left of the test's limit)."""
     import budget
+    import xla_emitters
 
     env = dict(os.environ)
-    env["XLA_FLAGS"] = device_flags(n)
+    # a test's own code, as in the workers: compiled with the older emitters (`xla_emitters`)
+    env["XLA_FLAGS"] = f"{device_flags(n)} {xla_emitters.OLDER}" if xla_emitters.wanted() else device_flags(n)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,

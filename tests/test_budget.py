@@ -178,3 +178,33 @@ def test_the_runs_trim_keeps_the_newest_compilation_cache_entries_within_the_lim
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k3-cache", "k4-cache", "other"]
     assert trim_compilation_cache(str(tmp_path), limit=250) == 0
     assert trim_compilation_cache(str(tmp_path / "missing")) == 0
+
+
+def test_the_suites_own_processes_compile_with_the_older_emitters_and_the_commands_they_start_do_not():
+    """XLA reads its flags once per process: the worker read the older emitters' flag (`xla_emitters`, set by
+    conftest.py for its first compile), a snippet on fake devices gets it, and a command started from the worker's
+    environment does not (its compile options are those of a process started without the flag)."""
+    import subprocess
+
+    import multidevice
+    import xla_emitters
+    from jax._src.lib import xla_client
+
+    if not xla_emitters.wanted():
+        import pytest
+
+        pytest.skip("this XLA has no older emitters (jax >= 0.11), or SWEET_JAX_TEST_EMITTERS=newer")
+    code = ("import sys; from jax._src.lib import xla_client; "
+            "sys.stdout.write(xla_client.CompileOptions().SerializeAsString().hex())")
+
+    def options(flags: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags), check=True,
+                              capture_output=True, text=True, timeout=budget.time_left()).stdout
+
+    assert xla_emitters.OLDER not in os.environ["XLA_FLAGS"]
+    child, older = options(os.environ["XLA_FLAGS"]), options(f"{os.environ['XLA_FLAGS']} {xla_emitters.OLDER}")
+    assert child != older
+    assert xla_client.CompileOptions().SerializeAsString().hex() == older
+    snippet = multidevice.run_with_devices(code, n=1)
+    assert snippet == options(f"{multidevice.device_flags(1)} {xla_emitters.OLDER}") != options(
+        multidevice.device_flags(1))
