@@ -4,10 +4,12 @@ replaces); heavy tests start first, each worker's share of equal expected time."
 
 import os
 import re
+import subprocess
 import sys
 import types
 
 import budget
+import pytest
 
 pytest_plugins = ["pytester"]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,15 +186,11 @@ def test_the_suites_own_processes_compile_with_the_older_emitters_and_the_comman
     """XLA reads its flags once per process: the worker read the older emitters' flag (`xla_emitters`, set by
     conftest.py for its first compile), a snippet on fake devices gets it, and a command started from the worker's
     environment does not (its compile options are those of a process started without the flag)."""
-    import subprocess
-
     import multidevice
     import xla_emitters
     from jax._src.lib import xla_client
 
     if not xla_emitters.wanted():
-        import pytest
-
         pytest.skip("this XLA has no older emitters (jax >= 0.11), or SWEET_JAX_TEST_EMITTERS=newer")
     code = ("import sys; from jax._src.lib import xla_client; "
             "sys.stdout.write(xla_client.CompileOptions().SerializeAsString().hex())")

@@ -3,6 +3,8 @@ they run on fake devices (`multidevice.run_with_devices`) use the older ones whe
 them, so that their many one-off compiles are cheap; the commands under test (jobs, servers, pipelines) keep XLA's
 default, the newer ones, whose steps run faster."""
 
+import os
+
 OLDER = "--xla_cpu_use_fusion_emitters=false"
 
 
@@ -16,6 +18,4 @@ def older_known() -> bool:
 
 def wanted() -> bool:
     """Older emitters for the suite's own processes, unless SWEET_JAX_TEST_EMITTERS=newer (to compare the two)."""
-    import os
-
     return older_known() and os.environ.get("SWEET_JAX_TEST_EMITTERS", "older") == "older"
